@@ -1,0 +1,139 @@
+"""The framework-neutral contract between the decode loop and a model runner.
+
+The loop never touches a framework: it holds *device tokens* and *logits* as opaque handles and
+asks the runner to move them. Every call may be asynchronous (CUDA streams, the simulated
+device), so the loop's order of calls is the only synchronization: a host value appears only
+through :meth:`Runner.to_host`, whose :class:`Pending` is waited on by the CPU worker, never by a
+device-wide synchronize.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["Pending", "Runner", "SamplingParams", "Ready"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick a token from masked logits.
+
+    ``temperature == 0`` is greedy (argmax). Otherwise softmax at ``temperature``, restricted to
+    the smallest set of tokens whose probability reaches ``top_p``, sampled with a generator
+    seeded by ``seed`` (reproducible for one runner, batch and device).
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is argmax."""
+        return self.temperature == 0.0
+
+
+@runtime_checkable
+class Pending(Protocol):
+    """A device-to-host copy in flight; :meth:`wait` blocks on its event only."""
+
+    def wait(self) -> np.ndarray:
+        """Block until the copy landed and return the host array."""
+        ...
+
+
+class Ready:
+    """A :class:`Pending` that is already complete (CPU devices)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: np.ndarray) -> None:
+        self._value = value
+
+    def wait(self) -> np.ndarray:
+        """Return the value."""
+        return self._value
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """What :class:`portable_guided.decode.engine.Generator` needs from a model runner.
+
+    A runner owns a slot-based KV cache: each live sequence has a slot and a length, so sequences
+    join, finish and roll back independently.
+    """
+
+    vocab_size: int
+    eos_token_id: int
+
+    def reset(self, max_slots: int, max_len: int) -> None:
+        """(Re)allocate the KV cache for ``max_slots`` sequences of up to ``max_len`` tokens."""
+        ...
+
+    def forward(
+        self,
+        slots: Sequence[int],
+        tokens: Any,
+        counts: Sequence[int] | None = None,
+        *,
+        all_positions: bool = False,
+    ) -> Any:
+        """Append ``tokens`` to the cache of each slot and return logits.
+
+        ``tokens`` is either a host int array ``[B, T]`` whose row ``i`` has ``counts[i]`` valid
+        tokens (the rest padding), or device tokens from :meth:`sample` (one per row). Returns
+        logits ``[B, vocab]`` at each row's last valid token, or with ``all_positions`` the
+        logits of every valid token, rows concatenated (``[sum(counts), vocab]``).
+        """
+        ...
+
+    def length(self, slot: int) -> int:
+        """Number of tokens cached for ``slot``."""
+        ...
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Roll ``slot`` back to its first ``length`` tokens (speculative rejection)."""
+        ...
+
+    def upload_bitmask(self, host_bitmask: np.ndarray) -> Any:
+        """Start a non-blocking copy of an int32 bitmask to the device and return it there."""
+        ...
+
+    def host_bitmask_ready(self, host_bitmask: np.ndarray) -> None:
+        """Block until the last upload of ``host_bitmask`` no longer reads it (reuse guard)."""
+        ...
+
+    def host_buffer(self, shape: tuple[int, ...]) -> np.ndarray:
+        """An int32 host buffer for bitmasks (page-locked where the device benefits)."""
+        ...
+
+    def apply_mask(self, logits: Any, bitmask: Any) -> Any:
+        """Mask ``logits`` in place with a device bitmask of the same row count."""
+        ...
+
+    def sample(self, logits: Any, params: SamplingParams) -> Any:
+        """Pick one token per logits row; returns device tokens."""
+        ...
+
+    def select(self, tokens: Any, rows: Sequence[int]) -> Any:
+        """Device tokens of ``rows`` (in that order)."""
+        ...
+
+    def concat(self, parts: Sequence[Any]) -> Any:
+        """Concatenate device token vectors."""
+        ...
+
+    def to_host(self, tokens: Any) -> Pending:
+        """Start a non-blocking copy of device tokens to the host."""
+        ...

@@ -1,0 +1,435 @@
+"""Batched guided generation over any :class:`~portable_guided.decode.device.Runner`.
+
+:class:`Generator` is a small continuous-batching engine written against the runner protocol
+and the grammar runtime, with no framework code of its own:
+
+* **Pipelined step** (no speculation). Step N's forward is launched on the device tokens sampled
+  at step N-1, before the host has seen them. Meanwhile a CPU worker
+  (:class:`~portable_guided.decode.overlap.OverlappedStep`) waits for those tokens' copy event,
+  has the runtime accept them and fills step N's bitmask. Then the bitmask is uploaded
+  (non-blocking), applied with ``apply_token_mask``, and step N's tokens are sampled and their
+  host copy started. A request that finishes at N-1 wastes one row of step N; nothing waits
+  for the device as a whole.
+* **Speculative step** (``num_draft > 0``). Draft tokens come from :class:`NgramDraft`; one
+  forward scores the last token plus every draft, while the worker fills one mask row per
+  draft position (``Request.fill_draft_masks``). The longest prefix of drafts that equals the
+  (masked) samples is kept plus one bonus token; the KV cache rolls back the rest. Because each
+  position is masked and sampled exactly as without speculation, greedy output is identical.
+
+Requests join when a slot is free and their grammar has compiled (a slow compile never blocks
+the batch), finish on EOS, grammar termination or ``max_tokens``, and fail alone when their
+grammar fails to compile or rejects a token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from portable_guided.decode.device import Pending, Runner, SamplingParams
+from portable_guided.decode.draft import NgramDraft
+from portable_guided.decode.overlap import OverlappedStep
+
+__all__ = ["GenerationOutput", "GenerationRequest", "GenerationStats", "Generator"]
+
+_FILL_ALL = np.int32(-1)
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt to complete.
+
+    ``grammar`` is a runtime request (``GrammarRuntime.new_request(spec)``) or ``None`` for free
+    text. ``request_id`` defaults to the position in the list given to
+    :meth:`Generator.generate`.
+    """
+
+    prompt_ids: Sequence[int]
+    max_tokens: int = 64
+    grammar: Any = None
+    request_id: Any = None
+
+    def __post_init__(self) -> None:
+        if len(self.prompt_ids) == 0:
+            raise ValueError("prompt_ids is empty")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass
+class GenerationOutput:
+    """The result of one request.
+
+    ``finish_reason``: ``"stop"`` (EOS or the grammar completed), ``"length"`` (``max_tokens``)
+    or ``"error"`` (grammar compile failure or timeout, rejected token; see ``error``).
+    ``token_ids`` exclude the stop token.
+    """
+
+    request_id: Any
+    token_ids: list[int]
+    finish_reason: str
+    error: BaseException | None = None
+    first_token_s: float | None = None
+
+
+@dataclass
+class GenerationStats:
+    """Timing of one :meth:`Generator.generate` call.
+
+    ``grammar_s`` is CPU time in the runtime (accepting tokens, filling bitmasks);
+    ``visible_grammar_s`` the part of it the step had to wait for (all of it without overlap).
+    """
+
+    wall_s: float = 0.0
+    steps: int = 0
+    output_tokens: int = 0
+    grammar_s: float = 0.0
+    visible_grammar_s: float = 0.0
+    forward_rows: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Output tokens per second of wall time."""
+        return self.output_tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def grammar_share(self) -> float:
+        """Visible grammar time as a share of wall time."""
+        return self.visible_grammar_s / self.wall_s if self.wall_s else 0.0
+
+
+@dataclass
+class _Seq:
+    req: GenerationRequest
+    index: int
+    slot: int = -1
+    generated: list[int] = field(default_factory=list)
+    out: GenerationOutput | None = None
+    last: int = -1  # speculative mode: the accepted token not yet in the KV cache
+    first_token_s: float | None = None
+
+    @property
+    def grammar(self) -> Any:
+        return self.req.grammar
+
+    @property
+    def history(self) -> list[int]:
+        return [*self.req.prompt_ids, *self.generated]
+
+
+@dataclass
+class _InFlight:
+    """Tokens sampled on the device for ``seqs`` whose host copy is ``host``."""
+
+    seqs: list[_Seq]
+    tokens: Any
+    host: Pending
+
+
+class Generator:
+    """Continuous-batching guided generation on a runner.
+
+    ``runtime`` is the :class:`portable_guided.runtime.GrammarRuntime` whose requests appear in
+    :attr:`GenerationRequest.grammar` (needed only for guided requests). ``overlap`` runs grammar
+    work during the forward; ``num_draft`` > 0 turns on speculative decoding with ``draft``.
+
+    Example::
+
+        gen = Generator(runner, runtime=rt)
+        req = GenerationRequest(prompt_ids, 128, rt.new_request(GrammarSpec.json_schema(s)))
+        (out,) = gen.generate([req])
+    """
+
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        runtime: Any = None,
+        overlap: bool = True,
+        max_batch: int = 32,
+        num_draft: int = 0,
+        draft: NgramDraft | None = None,
+        sampling: SamplingParams | None = None,
+        on_step: Callable[[int], None] | None = None,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if num_draft < 0:
+            raise ValueError(f"num_draft must be >= 0, got {num_draft}")
+        self.runner = runner
+        self.runtime = runtime
+        self.overlap = overlap
+        self.max_batch = max_batch
+        self.num_draft = num_draft
+        self.draft = draft or NgramDraft()
+        self.sampling = sampling or SamplingParams()
+        self.on_step = on_step
+        self.stats = GenerationStats()
+
+    # -- public ---------------------------------------------------------------------------
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
+        """Run every request to completion; outputs in request order. Resets :attr:`stats`."""
+        if any(r.grammar is not None for r in requests) and self.runtime is None:
+            raise ValueError("guided requests need Generator(runtime=...)")
+        self.stats = GenerationStats()
+        seqs = [_Seq(r, i) for i, r in enumerate(requests)]
+        if not seqs:
+            return []
+        max_len = max(len(r.prompt_ids) + r.max_tokens for r in requests) + self.num_draft + 2
+        self.runner.reset(self.max_batch, max_len)
+        rows = self.max_batch * (self.num_draft + 1)
+        words = self.runtime.bitmask_words if self.runtime is not None else 1
+        self._ring = [self.runner.host_buffer((rows, words)) for _ in range(2)]
+        for buf in self._ring:
+            buf.fill(_FILL_ALL)
+        self._ring_next = 0
+        self._free = list(range(self.max_batch - 1, -1, -1))
+        self._waiting = deque(seqs)
+        self._t0 = time.perf_counter()
+        step = OverlappedStep(overlap=self.overlap)
+        try:
+            if self.num_draft:
+                self._run_speculative(step)
+            else:
+                self._run_pipelined(step)
+        finally:
+            step.close()
+        self.stats.wall_s = time.perf_counter() - self._t0
+        self.stats.visible_grammar_s = (
+            min(step.times.visible_cpu_s, self.stats.grammar_s) if self.overlap
+            else self.stats.grammar_s
+        )
+        return [s.out for s in seqs]  # type: ignore[misc]
+
+    # -- the two loops --------------------------------------------------------------------
+    def _run_pipelined(self, step: OverlappedStep) -> None:
+        inflight: _InFlight | None = None
+        while True:
+            new = self._admit(block=inflight is None)
+            if inflight is None and not new:
+                return
+            parts: list[tuple[list[_Seq], Any]] = []
+            if inflight is not None:
+                seqs, tokens = inflight.seqs, inflight.tokens
+                flight = inflight
+
+                def cpu(flight: _InFlight = flight) -> tuple[list[int], np.ndarray]:
+                    host = flight.host.wait()
+                    t = time.perf_counter()
+                    alive = [i for i, s in enumerate(flight.seqs) if not self._accept(s, int(host[i]))]
+                    buf = self._fill(flight.seqs, alive)
+                    self.stats.grammar_s += time.perf_counter() - t
+                    return alive, buf
+
+                slots = [s.slot for s in seqs]  # before the worker frees finished ones
+                (alive, buf), logits = step.run(
+                    cpu, lambda: self.runner.forward(slots, tokens)
+                )
+                self.stats.forward_rows += len(seqs)
+                if alive:
+                    sampled = self._mask_and_sample(logits, buf, seqs, len(seqs))
+                    parts.append(([seqs[i] for i in alive], self.runner.select(sampled, alive)))
+            if new:
+                parts.append((new, self._prefill(step, new)))
+            self.stats.steps += 1
+            if self.on_step is not None:
+                self.on_step(self.stats.output_tokens)
+            if not parts:
+                inflight = None
+                continue
+            seqs = [s for p, _ in parts for s in p]
+            tokens = self.runner.concat([t for _, t in parts])
+            inflight = _InFlight(seqs, tokens, self.runner.to_host(tokens))
+
+    def _run_speculative(self, step: OverlappedStep) -> None:
+        running: list[_Seq] = []
+        k = self.num_draft
+        while True:
+            new = self._admit(block=not running)
+            if not running and not new:
+                return
+            if new:
+                first = self.runner.to_host(self._prefill(step, new)).wait()
+                t = time.perf_counter()
+                for s, tok in zip(new, first):
+                    if not self._accept(s, int(tok)):
+                        s.last = int(tok)
+                        running.append(s)
+                self.stats.grammar_s += time.perf_counter() - t
+            if not running:
+                continue
+            drafts = [self.draft.propose(s.history, min(k, s.req.max_tokens - len(s.generated)))
+                      for s in running]
+            counts = [1 + len(d) for d in drafts]
+            width = max(counts)
+            ids = np.zeros((len(running), width), dtype=np.int64)
+            for i, (s, d) in enumerate(zip(running, drafts)):
+                ids[i, : counts[i]] = [s.last, *d]
+            seqs = list(running)
+            slots = [s.slot for s in seqs]
+
+            def cpu() -> np.ndarray:
+                t = time.perf_counter()
+                buf = self._fill_drafts(seqs, drafts, counts)
+                self.stats.grammar_s += time.perf_counter() - t
+                return buf
+
+            buf, logits = step.run(
+                cpu,
+                lambda: self.runner.forward(slots, ids, counts, all_positions=True),
+            )
+            self.stats.forward_rows += sum(counts)
+            sampled = self._mask_and_sample(logits, buf, seqs, sum(counts))
+            host = self.runner.to_host(sampled).wait()
+            t = time.perf_counter()
+            offset = 0
+            running = []
+            for s, d, c in zip(seqs, drafts, counts):
+                targets = [int(x) for x in host[offset : offset + c]]
+                offset += c
+                keep = 0
+                while keep < len(d) and d[keep] == targets[keep]:
+                    keep += 1
+                self.stats.draft_tokens += len(d)
+                self.stats.accepted_draft_tokens += keep
+                cached = self.runner.length(s.slot) - c  # before this step
+                self.runner.truncate(s.slot, cached + 1 + keep)
+                finished = False
+                for tok in targets[: keep + 1]:
+                    finished = self._accept(s, tok)
+                    if finished:
+                        break
+                if not finished:
+                    s.last = targets[keep]
+                    running.append(s)
+            self.stats.grammar_s += time.perf_counter() - t
+            self.stats.steps += 1
+            if self.on_step is not None:
+                self.on_step(self.stats.output_tokens)
+
+    # -- pieces ---------------------------------------------------------------------------
+    def _admit(self, *, block: bool) -> list[_Seq]:
+        """Move waiting requests whose grammar is ready into free slots.
+
+        Requests whose grammar failed finish with an error here. With ``block`` (nothing is
+        running) waits briefly for a compile instead of spinning.
+        """
+        admitted: list[_Seq] = []
+        while True:
+            still: deque[_Seq] = deque()
+            while self._waiting:
+                s = self._waiting.popleft()
+                g = s.grammar
+                if g is not None and g.failed:
+                    self._finish(s, "error", g.error)
+                elif (g is None or g.ready) and self._free:
+                    s.slot = self._free.pop()
+                    self.runner.truncate(s.slot, 0)  # a reused slot starts empty
+                    admitted.append(s)
+                else:
+                    still.append(s)
+            self._waiting = still
+            if admitted or not block or not self._waiting:
+                return admitted
+            time.sleep(0.002)
+
+    def _prefill(self, step: OverlappedStep, seqs: list[_Seq]) -> Any:
+        """Run the prompts of ``seqs`` and sample their first tokens (device tokens)."""
+        counts = [len(s.req.prompt_ids) for s in seqs]
+        ids = np.zeros((len(seqs), max(counts)), dtype=np.int64)
+        for i, s in enumerate(seqs):
+            ids[i, : counts[i]] = s.req.prompt_ids
+
+        def cpu() -> np.ndarray:
+            t = time.perf_counter()
+            buf = self._fill(seqs, range(len(seqs)))
+            self.stats.grammar_s += time.perf_counter() - t
+            return buf
+
+        slots = [s.slot for s in seqs]
+        buf, logits = step.run(cpu, lambda: self.runner.forward(slots, ids, counts))
+        self.stats.forward_rows += len(seqs)
+        return self._mask_and_sample(logits, buf, seqs, len(seqs))
+
+    def _next_buffer(self, rows: int) -> np.ndarray:
+        buf = self._ring[self._ring_next]
+        self._ring_next ^= 1
+        self.runner.host_bitmask_ready(buf)  # the upload two steps ago no longer reads it
+        return buf[:rows]
+
+    def _fill(self, seqs: Sequence[_Seq], rows: Sequence[int]) -> np.ndarray:
+        """Bitmask rows for ``seqs`` (all-allowed for free text and for rows not in ``rows``)."""
+        buf = self._next_buffer(len(seqs))
+        live = set(rows)
+        grammars = [s.grammar if i in live else None for i, s in enumerate(seqs)]
+        if any(g is not None for g in grammars):
+            buf.fill(_FILL_ALL)
+            self.runtime.fill_bitmask(grammars, buf)
+        return buf
+
+    def _fill_drafts(
+        self, seqs: Sequence[_Seq], drafts: Sequence[list[int]], counts: Sequence[int]
+    ) -> np.ndarray:
+        """One bitmask row per scored position: the state after each draft prefix."""
+        buf = self._next_buffer(sum(counts))
+        if any(s.grammar is not None for s in seqs):
+            buf.fill(_FILL_ALL)
+            offset = 0
+            for s, d, c in zip(seqs, drafts, counts):
+                if s.grammar is not None:
+                    s.grammar.fill_draft_masks(d, buf[offset : offset + c])
+                offset += c
+        return buf
+
+    def _mask_and_sample(self, logits: Any, buf: np.ndarray, seqs: Sequence[_Seq], rows: int) -> Any:
+        if any(s.grammar is not None for s in seqs):
+            logits = self.runner.apply_mask(logits, self.runner.upload_bitmask(buf[:rows]))
+        return self.runner.sample(logits, self.sampling)
+
+    def _accept(self, s: _Seq, token: int) -> bool:
+        """Record ``token`` for ``s``; returns True when ``s`` finished (and frees its slot)."""
+        if s.out is not None:
+            return True
+        if s.first_token_s is None:
+            s.first_token_s = time.perf_counter() - self._t0
+        g = s.grammar
+        if g is not None:
+            try:
+                ok = g.accept(token)
+            except Exception as exc:  # the runtime raises per on_error="raise"
+                self._finish(s, "error", exc)
+                return True
+            if not ok:
+                self._finish(s, "error", g.error or ValueError(f"grammar rejected token {token}"))
+                return True
+            stop = g.is_terminated
+        else:
+            stop = token == self.runner.eos_token_id
+        if stop:
+            self._finish(s, "stop")
+            return True
+        s.generated.append(token)
+        self.stats.output_tokens += 1
+        if len(s.generated) >= s.req.max_tokens:
+            self._finish(s, "length")
+            return True
+        return False
+
+    def _finish(self, s: _Seq, reason: str, error: BaseException | None = None) -> None:
+        s.out = GenerationOutput(
+            request_id=s.req.request_id if s.req.request_id is not None else s.index,
+            token_ids=list(s.generated),
+            finish_reason=reason,
+            error=error,
+            first_token_s=s.first_token_s,
+        )
+        if s.slot >= 0:
+            self._free.append(s.slot)
+            s.slot = -1
