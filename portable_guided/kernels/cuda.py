@@ -78,8 +78,15 @@ def _staging_for(device: torch.device) -> PinnedStaging:
 
 def apply_cuda_torch(logits: torch.Tensor, bitmask: Any, plan: MaskPlan) -> torch.Tensor:
     """Mask CUDA Torch logits in place on the current stream; returns ``logits``."""
-    mask, rows = _device_inputs(bitmask, plan, logits.device)
     table = logits.view(plan.batch, plan.width)
+    if table.stride(1) != 1:
+        # The Triton kernel addresses columns contiguously; the static graph takes any strides.
+        from .static_torch import apply_static_torch
+
+        return apply_static_torch(logits, bitmask, plan)
+    mask, rows = _device_inputs(bitmask, plan, logits.device)
+    if mask.stride() != (mask.shape[1], 1):
+        mask = mask.contiguous()  # the kernel reads the row stride as the row length
     apply_token_bitmask_inplace_triton(table, mask, plan.vocab_size, rows)
     return logits
 
