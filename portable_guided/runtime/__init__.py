@@ -1,0 +1,42 @@
+"""The grammar runtime: the engine-facing half of portable_guided.
+
+Asynchronous cached compiles with real time limits, batched mask filling, speculative
+accept/rollback, reasoning phases, a fail-closed error policy and two grammar engines
+(xgrammar, llguidance) behind one interface. See ``docs/runtime.md``.
+
+Grammar engines and tokenizer libraries are imported only when first used.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    GrammarCompileError,
+    GrammarError,
+    GrammarNotReady,
+    GrammarRejectedToken,
+    GrammarSpecError,
+    GrammarTimeout,
+)
+from .metrics import Metrics
+from .request import ON_ERROR_POLICIES, ReasoningConfig, Request
+from .runtime import GrammarRuntime
+from .specs import GrammarSpec
+from .tokenizer_info import TokenizerInfo, load_tiktoken_ranks, load_tokenizer_info
+
+__all__ = [
+    "GrammarRuntime",
+    "GrammarSpec",
+    "Request",
+    "ReasoningConfig",
+    "ON_ERROR_POLICIES",
+    "TokenizerInfo",
+    "load_tokenizer_info",
+    "load_tiktoken_ranks",
+    "Metrics",
+    "GrammarError",
+    "GrammarSpecError",
+    "GrammarCompileError",
+    "GrammarTimeout",
+    "GrammarRejectedToken",
+    "GrammarNotReady",
+]

@@ -1,0 +1,236 @@
+"""The compile service: background compiles returning futures, in-flight deduplication,
+byte-bounded memory cache, optional on-disk cache, failure cache, real time limits and the
+``auto`` engine fallback."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from .cache import ByteLRUCache, DiskCache, FailureCache
+from .engines import ENGINES, Engine, UnsupportedSpec, create_engine
+from .errors import GrammarCompileError, GrammarTimeout
+from .metrics import Metrics
+from .specs import GrammarSpec
+from .tokenizer_info import TokenizerInfo
+from .worker import WorkerPool
+
+__all__ = ["CompileService", "CompiledGrammar", "RUNTIME_CACHE_VERSION"]
+
+#: Bumped whenever the meaning of a cached grammar changes (part of the disk cache key).
+RUNTIME_CACHE_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    """A compiled grammar and the engine that made it."""
+
+    engine: Engine
+    grammar: Any
+    nbytes: int
+    #: "compile", "local" (fast compile redone in this process), "disk" or "memory".
+    source: str
+    compile_s: float
+
+    @property
+    def engine_name(self) -> str:
+        """Name of the engine (``xgrammar`` or ``llguidance``)."""
+        return self.engine.name
+
+
+class CompileService:
+    """Compiles specs in the background for one tokenizer.
+
+    With ``timeout_s`` set, every compile runs in a worker process that is killed at the
+    deadline; with ``timeout_s=None`` compiles run in threads of this process (no limit).
+    """
+
+    def __init__(
+        self,
+        info: TokenizerInfo,
+        *,
+        engine: str,
+        auto_order: tuple[str, ...] = ("llguidance", "xgrammar"),
+        timeout_s: float | None = 30.0,
+        workers: int = 1,
+        fill_threads: int = 1,
+        cache_bytes: int = 512 << 20,
+        disk_cache_dir: str | None = None,
+        failure_ttl_s: float = 30.0,
+        local_below_s: float = 0.1,
+        metrics: Metrics | None = None,
+    ) -> None:
+        if engine != "auto" and engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; choose from {['auto', *ENGINES]}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"compile timeout must be > 0 seconds or None, got {timeout_s}")
+        bad = [e for e in auto_order if e not in ENGINES]
+        if bad or not auto_order:
+            raise ValueError(f"auto_order must name engines from {sorted(ENGINES)}, got {auto_order}")
+        self.info = info
+        self.engine_choice = engine
+        self.order = tuple(auto_order) if engine == "auto" else (engine,)
+        self.timeout_s = timeout_s
+        self.metrics = metrics or Metrics()
+        self._fill_threads = fill_threads
+        self._memory: ByteLRUCache[CompiledGrammar] = ByteLRUCache(cache_bytes)
+        self._failures = FailureCache(failure_ttl_s)
+        self._disk = DiskCache(disk_cache_dir) if disk_cache_dir else None
+        self._engines: dict[str, Engine] = {}
+        self._engine_lock = threading.Lock()
+        self._inflight: dict[str, Future[CompiledGrammar]] = {}
+        self._inflight_lock = threading.Lock()
+        self._threads = ThreadPoolExecutor(max(2, workers + 1), thread_name_prefix="pg-compile")
+        self._pool: WorkerPool | None = None
+        if timeout_s is not None:
+            self._pool = WorkerPool(
+                self._worker_engines, size=workers, local_below_s=local_below_s,
+                on_kill=lambda: self.metrics.inc("workers_killed"),
+            )
+
+    # -- engines ---------------------------------------------------------------------------
+    def engine(self, name: str) -> Engine:
+        """This process's engine ``name`` (created on first use)."""
+        eng = self._engines.get(name)
+        if eng is None:
+            with self._engine_lock:
+                eng = self._engines.get(name)
+                if eng is None:
+                    eng = self._engines[name] = create_engine(
+                        name, self.info, fill_threads=self._fill_threads)
+        return eng
+
+    def _worker_engines(self) -> dict[str, tuple[str, str, Any]]:
+        return {
+            name: (ENGINES[name][0], ENGINES[name][1], self.info.worker_payload(name))
+            for name in self.order
+        }
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live compile workers (empty without a time limit)."""
+        return self._pool.pids() if self._pool else []
+
+    def close(self) -> None:
+        """Stop the workers and the compile threads."""
+        if self._pool is not None:
+            self._pool.close()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    # -- submitting ------------------------------------------------------------------------
+    def submit(self, spec: GrammarSpec) -> Future[CompiledGrammar]:
+        """A future of the compiled ``spec``; never blocks on a compile."""
+        if not isinstance(spec, GrammarSpec):
+            raise TypeError(f"spec must be a GrammarSpec, got {type(spec).__name__}")
+        key = f"{self.engine_choice}:{spec.key}"
+        hit = self._memory.get(key)
+        if hit is not None:
+            self.metrics.inc("cache_hits_memory")
+            fut: Future[CompiledGrammar] = Future()
+            fut.set_result(hit)
+            return fut
+        error = self._failures.get(key)
+        if error is not None:
+            self.metrics.inc("cache_hits_failure")
+            fut = Future()
+            fut.set_exception(error)
+            return fut
+        with self._inflight_lock:
+            fut = self._inflight.get(key)  # type: ignore[assignment]
+            if fut is not None:
+                self.metrics.inc("inflight_dedup")
+                return fut
+            fut = self._inflight[key] = Future()
+            fut.set_running_or_notify_cancel()
+        self.metrics.inc("cache_misses")
+        self._threads.submit(self._run, key, spec, fut)
+        return fut
+
+    def _run(self, key: str, spec: GrammarSpec, fut: Future[CompiledGrammar]) -> None:
+        errors: list[GrammarCompileError] = []
+        result: CompiledGrammar | None = None
+        for i, name in enumerate(self.order):
+            if i:
+                self.metrics.inc("engine_fallbacks")
+            try:
+                result = self._compile_one(name, spec)
+                break
+            except GrammarCompileError as exc:
+                errors.append(exc)
+            except Exception as exc:  # an engine bug must fail this request, not the service
+                errors.append(GrammarCompileError(f"{type(exc).__name__}: {exc}", engine=name))
+        with self._inflight_lock:
+            self._inflight.pop(key, None)
+            if result is not None:
+                self._memory.put(key, result, result.nbytes)
+            else:
+                error = _combine(errors)
+                self._failures.put(key, error)
+        if result is not None:
+            fut.set_result(result)
+        else:
+            self.metrics.inc("compile_timeouts" if isinstance(error, GrammarTimeout)
+                             else "compile_errors")
+            fut.set_exception(error)
+
+    def _compile_one(self, name: str, spec: GrammarSpec) -> CompiledGrammar:
+        engine = self.engine(name)
+        disk_key = None
+        if self._disk is not None:
+            disk_key = DiskCache.make_key(
+                engine=name, engine_version=engine.version(), runtime=RUNTIME_CACHE_VERSION,
+                tokenizer=self.info.fingerprint, spec=spec.key,
+            )
+            text = self._disk.get(disk_key)
+            if text is not None:
+                try:
+                    grammar = engine.deserialize(text)
+                except Exception:  # a corrupt or foreign entry: recompile and overwrite
+                    pass
+                else:
+                    self.metrics.inc("cache_hits_disk")
+                    return CompiledGrammar(engine, grammar, engine.nbytes(grammar), "disk", 0.0)
+        t0 = time.perf_counter()
+        if self._pool is None:
+            try:
+                grammar = engine.compile(spec)
+            except UnsupportedSpec as exc:
+                raise GrammarCompileError(f"unsupported spec: {exc}", engine=name) from exc
+            except Exception as exc:
+                raise GrammarCompileError(f"{type(exc).__name__}: {exc}", engine=name) from exc
+            source, text = "local", None
+        else:
+            assert self.timeout_s is not None
+            status, text, worker_s = self._pool.run(
+                name, spec.to_dict(), self.timeout_s, serialize_always=self._disk is not None
+            )
+            t_reply = time.perf_counter()
+            if status == "unsupported":
+                raise GrammarCompileError(f"unsupported spec: {text}", engine=name)
+            if status != "ok":
+                raise GrammarCompileError(str(text), engine=name)
+            if text is None:  # compiled fast in the worker: cheaper to redo than to ship
+                grammar, source = engine.compile(spec), "local"
+            else:
+                grammar, source = engine.deserialize(text), "compile"
+            # Compile time excludes the wait for a free worker (reported separately).
+            self.metrics.observe("compile_wait", t_reply - t0 - worker_s)
+            t0 = t_reply - worker_s
+        seconds = time.perf_counter() - t0
+        self.metrics.inc("compiles")
+        self.metrics.observe("compile", seconds)
+        if self._disk is not None and disk_key is not None:
+            if text is None:
+                text = engine.serialize(grammar)
+            self._disk.put(disk_key, text)
+        return CompiledGrammar(engine, grammar, engine.nbytes(grammar), source, seconds)
+
+
+def _combine(errors: list[GrammarCompileError]) -> GrammarCompileError:
+    if len(errors) == 1:
+        return errors[0]
+    detail = "; ".join(str(e) for e in errors)
+    cls = GrammarTimeout if all(isinstance(e, GrammarTimeout) for e in errors) else GrammarCompileError
+    return cls(f"every engine failed: {detail}")

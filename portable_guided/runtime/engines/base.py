@@ -1,0 +1,89 @@
+"""The grammar-engine strategy interface.
+
+An :class:`Engine` compiles specs for one tokenizer and fills bitmasks for many matchers at
+once; a :class:`Matcher` is one request's position in a compiled grammar. Both engines write
+the same int32 bitmask layout (bit j of word k set = token 32k+j allowed), so everything
+downstream is engine-agnostic.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from ..specs import GrammarSpec
+
+__all__ = ["Engine", "Matcher", "UnsupportedSpec"]
+
+
+class UnsupportedSpec(Exception):
+    """The engine cannot express this kind of spec (``auto`` then tries the other engine)."""
+
+
+class Matcher(ABC):
+    """One request's state in a compiled grammar. Not thread-safe by itself: the
+    :class:`~portable_guided.runtime.request.Request` that owns it serializes access."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def accept(self, token_id: int) -> bool:
+        """Advance by ``token_id``; on False the state is unchanged."""
+
+    @abstractmethod
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` accepted tokens."""
+
+    @abstractmethod
+    def fill(self, bitmask: Any, row: int) -> None:
+        """Write the allowed next tokens into ``bitmask[row]``."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """True once a stop token was accepted."""
+
+    @abstractmethod
+    def jump_forward(self) -> str:
+        """The text the grammar forces next (may be empty)."""
+
+
+class Engine(ABC):
+    """A grammar engine bound to one tokenizer."""
+
+    #: Registry name (``"xgrammar"`` or ``"llguidance"``).
+    name: str = ""
+
+    @staticmethod
+    @abstractmethod
+    def version() -> str:
+        """The engine library's version (part of the on-disk cache key)."""
+
+    @classmethod
+    @abstractmethod
+    def from_payload(cls, payload: Any) -> Engine:
+        """Rebuild the engine in a worker process from ``TokenizerInfo.worker_payload``."""
+
+    @abstractmethod
+    def compile(self, spec: GrammarSpec) -> Any:
+        """Compile ``spec`` in this thread; raises on an invalid grammar."""
+
+    @abstractmethod
+    def serialize(self, compiled: Any) -> str:
+        """A text form of ``compiled`` that :meth:`deserialize` reads back."""
+
+    @abstractmethod
+    def deserialize(self, text: str) -> Any:
+        """Inverse of :meth:`serialize`."""
+
+    @abstractmethod
+    def nbytes(self, compiled: Any) -> int:
+        """Approximate memory held by ``compiled`` (for the byte-bounded cache)."""
+
+    @abstractmethod
+    def new_matcher(self, compiled: Any) -> Matcher:
+        """A fresh matcher at the start of ``compiled``."""
+
+    @abstractmethod
+    def fill_batch(self, matchers: Sequence[Matcher], bitmask: Any, rows: Sequence[int]) -> None:
+        """Fill ``bitmask[rows[i]]`` from ``matchers[i]``, using the engine's threads."""

@@ -1,0 +1,184 @@
+"""The llguidance engine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..specs import GrammarSpec
+from .base import Engine, Matcher, UnsupportedSpec
+
+__all__ = ["LLGuidanceEngine", "LLGuidanceMatcher", "bitmask_pointer"]
+
+
+def bitmask_pointer(bitmask: Any) -> tuple[int, int, int]:
+    """(address, rows, words) of a C-contiguous int32 CPU bitmask (NumPy or Torch)."""
+    shape = tuple(bitmask.shape)
+    if len(shape) != 2:
+        raise ValueError(f"bitmask must be 2-D (rows, words), got shape {shape}")
+    if hasattr(bitmask, "ctypes"):  # NumPy
+        if str(bitmask.dtype) != "int32" or not bitmask.flags["C_CONTIGUOUS"]:
+            raise ValueError(
+                f"bitmask must be C-contiguous int32, got {bitmask.dtype} "
+                f"contiguous={bitmask.flags['C_CONTIGUOUS']}"
+            )
+        return int(bitmask.ctypes.data), shape[0], shape[1]
+    if hasattr(bitmask, "data_ptr"):  # Torch
+        if str(bitmask.dtype) != "torch.int32" or not bitmask.is_contiguous() or (
+            bitmask.device.type != "cpu"
+        ):
+            raise ValueError(
+                f"bitmask must be a contiguous int32 CPU tensor, got {bitmask.dtype} on "
+                f"{bitmask.device}"
+            )
+        return int(bitmask.data_ptr()), shape[0], shape[1]
+    raise TypeError(f"bitmask must be a NumPy array or a Torch tensor, got {type(bitmask)}")
+
+
+class LLGuidanceMatcher(Matcher):
+    """A request's ``llguidance.LLMatcher``.
+
+    llguidance enters a permanent error state on a rejected token, so tokens go through
+    ``try_consume_tokens`` (which leaves the state unchanged on rejection); a stop token is
+    accepted when the grammar is in an accepting state.
+    """
+
+    __slots__ = ("_m", "_stops", "_stopped")
+
+    def __init__(self, matcher: Any, stop_token_ids: frozenset[int]) -> None:
+        self._m = matcher
+        self._stops = stop_token_ids
+        self._stopped = False
+
+    def accept(self, token_id: int) -> bool:
+        if self._stopped:
+            return False
+        if token_id in self._stops:
+            if self._m.is_accepting():
+                self._stopped = True
+                return True
+            return False
+        return bool(self._m.try_consume_tokens([token_id]) == 1)
+
+    def rollback(self, n: int) -> None:
+        if n and self._stopped:
+            self._stopped = False
+            n -= 1
+        if n:
+            if not self._m.rollback(n):
+                raise RuntimeError(f"llguidance rollback of {n} failed: {self._m.get_error()}")
+
+    def fill(self, bitmask: Any, row: int) -> None:
+        ptr, _rows, words = bitmask_pointer(bitmask)
+        self._m.unsafe_compute_mask_ptr(ptr + row * words * 4, words * 4)
+
+    def is_terminated(self) -> bool:
+        return self._stopped
+
+    def jump_forward(self) -> str:
+        data = bytes(self._m.compute_ff_bytes())
+        for cut in range(4):  # drop an incomplete UTF-8 sequence at the end
+            try:
+                return data[: len(data) - cut].decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+        return ""
+
+
+class LLGuidanceEngine(Engine):
+    """Compiles specs to llguidance grammars; a compiled grammar is a validated template
+    matcher that new requests deep-copy."""
+
+    name = "llguidance"
+
+    def __init__(self, lltokenizer: Any, *, fill_threads: int = 1) -> None:
+        import llguidance as llg
+
+        self._llg = llg
+        self.tokenizer = lltokenizer
+        self._stops = frozenset(int(t) for t in lltokenizer.eos_tokens)
+        self._executor = llg.LLExecutor(max(1, int(fill_threads)))
+
+    @staticmethod
+    def version() -> str:
+        import llguidance
+
+        return str(llguidance.get_version() if hasattr(llguidance, "get_version") else "unknown")
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> LLGuidanceEngine:
+        from ..tokenizer_info import llguidance_tokenizer_from_payload
+
+        return cls(llguidance_tokenizer_from_payload(payload))
+
+    def grammar_text(self, spec: GrammarSpec) -> str:
+        """The llguidance grammar (JSON text) for ``spec``."""
+        L = self._llg.LLMatcher
+        kind, data = spec.kind, spec.payload
+        json_opts = {"whitespace_flexible": bool(spec.option("any_whitespace", True))}
+        if kind == "json_schema":
+            return str(L.grammar_from_json_schema(spec.text, defaults=json_opts))
+        if kind == "any_json":
+            return str(L.grammar_from_json_schema('{"type":"object"}', defaults=json_opts))
+        if kind == "regex":
+            return str(L.grammar_from_regex(data))
+        if kind == "ebnf":
+            root = spec.option("root", "root")
+            text = data if root == "root" else data + f"\nroot ::= {root}\n"
+            return str(L.grammar_from_lark(_gbnf_to_lark(text)))
+        if kind == "choice":
+            body = " | ".join(json.dumps(s, ensure_ascii=False) for s in data)
+            return str(L.grammar_from_lark(f"start: {body}"))
+        if kind == "structural_tag":
+            tags = []
+            for t in data["tags"]:
+                trigger = max((tr for tr in data["triggers"] if t["begin"].startswith(tr)), key=len)
+                tags.append(self._llg.StructTag(
+                    trigger=trigger, begin=t["begin"], grammar=t["schema"], end=t["end"]))
+            return str(L.grammar_from_lark(self._llg.StructTag.to_grammar(tags)))
+        raise UnsupportedSpec(f"llguidance engine: unknown spec kind {kind!r}")
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        return self._load(self.grammar_text(spec))
+
+    def _load(self, grammar: str) -> Any:
+        matcher = self._llg.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(matcher.get_error())
+        return _Compiled(grammar, matcher)
+
+    def serialize(self, compiled: Any) -> str:
+        return str(compiled.grammar)
+
+    def deserialize(self, text: str) -> Any:
+        return self._load(text)
+
+    def nbytes(self, compiled: Any) -> int:
+        # llguidance does not report its memory; the grammar text plus a fixed parser
+        # overhead is a stable estimate for the byte-bounded cache.
+        return len(compiled.grammar) * 4 + 65536
+
+    def new_matcher(self, compiled: Any) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(compiled.template.deep_copy(), self._stops)
+
+    def fill_batch(
+        self, matchers: Sequence[Matcher], bitmask: Any, rows: Sequence[int]
+    ) -> None:
+        ptr, nrows, words = bitmask_pointer(bitmask)
+        pairs = [(m._m, int(r)) for m, r in zip(matchers, rows)]  # type: ignore[attr-defined]
+        self._executor.unsafe_compute_mask_ptr(pairs, ptr, words * 4, nrows)
+
+
+class _Compiled:
+    __slots__ = ("grammar", "template")
+
+    def __init__(self, grammar: str, template: Any) -> None:
+        self.grammar = grammar
+        self.template = template
+
+
+def _gbnf_to_lark(text: str) -> str:
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+
+    return str(gbnf_to_lark(text))

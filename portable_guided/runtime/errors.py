@@ -1,0 +1,61 @@
+"""Exceptions raised by the grammar runtime.
+
+Every error a caller may want to handle derives from :class:`GrammarError`; input errors
+also derive from :class:`ValueError` so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GrammarError",
+    "GrammarSpecError",
+    "GrammarCompileError",
+    "GrammarTimeout",
+    "GrammarRejectedToken",
+    "GrammarNotReady",
+]
+
+
+class GrammarError(Exception):
+    """Base class of every runtime error."""
+
+
+class GrammarSpecError(GrammarError, ValueError):
+    """A grammar spec was rejected before compiling (invalid schema, unsupported keyword...).
+
+    ``pointer`` is the JSON pointer of the offending part of a JSON schema, when known.
+    """
+
+    def __init__(self, message: str, pointer: str | None = None) -> None:
+        self.pointer = pointer
+        where = f" at {pointer}" if pointer else ""
+        super().__init__(f"{message}{where}")
+
+
+class GrammarCompileError(GrammarError):
+    """The grammar engine failed to compile a spec; ``engine`` names which one."""
+
+    def __init__(self, message: str, engine: str | None = None) -> None:
+        self.engine = engine
+        prefix = f"[{engine}] " if engine else ""
+        super().__init__(f"{prefix}{message}")
+
+
+class GrammarTimeout(GrammarCompileError):
+    """A compile ran past its time limit; the worker that ran it was killed."""
+
+
+class GrammarRejectedToken(GrammarError):
+    """A token the grammar does not allow was accepted with ``on_error="raise"``."""
+
+    def __init__(self, token_id: int, position: int, detail: str = "") -> None:
+        self.token_id = token_id
+        self.position = position
+        extra = f": {detail}" if detail else ""
+        super().__init__(
+            f"token {token_id} rejected by the grammar at position {position}{extra}"
+        )
+
+
+class GrammarNotReady(GrammarError):
+    """An operation needs the compiled grammar, but it is still compiling."""

@@ -1,0 +1,437 @@
+"""A request: one sequence's grammar state, its error policy and its reasoning phase."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import GrammarError, GrammarNotReady, GrammarRejectedToken
+
+if TYPE_CHECKING:
+    from .compile_service import CompiledGrammar
+    from .engines.base import Engine, Matcher
+    from .runtime import GrammarRuntime
+
+__all__ = ["Request", "ReasoningConfig", "ON_ERROR_POLICIES"]
+
+#: What a rejected token does. ``raise`` (default, fails closed): the request fails with
+#: :class:`GrammarRejectedToken`, its row then allows only stop tokens, the rest of the batch
+#: goes on. ``terminate``: ``accept`` returns False and the next mask forces a stop token.
+#: ``reject``: ``accept`` returns False and the state is unchanged, so the engine may
+#: resample from the same mask; the constraint stays.
+ON_ERROR_POLICIES = ("raise", "terminate", "reject")
+
+PENDING, ACTIVE, TERMINATED, FAILED = "pending", "active", "terminated", "failed"
+
+# Log entry kinds (one per accepted token), so rollback can cross phase boundaries.
+_THINK, _GRAMMAR, _STOP = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class ReasoningConfig:
+    """A reasoning phase before the constraint starts.
+
+    The constraint applies after the token sequence ``think_end_ids`` (e.g. the ids of
+    ``</think>``) has been generated. While thinking, every token except the stop tokens is
+    allowed. With ``budget`` set, after ``budget`` thinking tokens the mask forces the rest of
+    ``think_end_ids``.
+    """
+
+    think_end_ids: tuple[int, ...]
+    budget: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.think_end_ids:
+            raise ValueError("think_end_ids must not be empty")
+        object.__setattr__(self, "think_end_ids", tuple(int(t) for t in self.think_end_ids))
+        if self.budget is not None and self.budget < 0:
+            raise ValueError(f"budget must be >= 0 or None, got {self.budget}")
+
+
+class Request:
+    """One sequence constrained by a grammar. Create it with ``GrammarRuntime.new_request``.
+
+    All methods are thread-safe. While the grammar compiles (``ready`` is False), tokens
+    passed to :meth:`accept` (e.g. produced by a prefill node) are queued and checked as
+    soon as the grammar is ready; ``fill_bitmask`` leaves the row of a pending request
+    untouched, so engines hold such requests back from sampling, as they do with prefill.
+    """
+
+    def __init__(
+        self,
+        runtime: GrammarRuntime,
+        future: Future[CompiledGrammar],
+        *,
+        on_error: str = "raise",
+        reasoning: ReasoningConfig | None = None,
+    ) -> None:
+        if on_error not in ON_ERROR_POLICIES:
+            raise ValueError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
+        if reasoning is not None and not isinstance(reasoning, ReasoningConfig):
+            raise TypeError(f"reasoning must be a ReasoningConfig, got {type(reasoning).__name__}")
+        self._rt = runtime
+        self._lock = threading.Lock()
+        self.on_error = on_error
+        self.reasoning = reasoning
+        self.stop_token_ids: tuple[int, ...] = runtime.info.stop_token_ids
+        self._stops = frozenset(self.stop_token_ids)
+        #: Set by the engine while the sequence is in (chunked) prefill: its row is skipped.
+        self.in_prefill = False
+        self._state = PENDING
+        self._engine: Engine | None = None
+        self._matcher: Matcher | None = None
+        self._error: BaseException | None = None
+        self._forced_stop = False
+        self._queued: list[int] = []
+        self._log: list[int] = []  # entry kind per accepted token
+        self._thinking = reasoning is not None
+        self._think_log: list[int] = []
+        self._think_progress = 0
+        self.num_rejected = 0
+        self._serial = runtime._next_serial()
+        self._future = future
+        future.add_done_callback(self._on_compiled)
+
+    # -- state -----------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """True once the compile finished (successfully or not)."""
+        return self._state != PENDING
+
+    @property
+    def failed(self) -> bool:
+        """True if the compile failed or a token was rejected under ``on_error="raise"``."""
+        return self._state == FAILED
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the request failed (or was terminated by the ``terminate`` policy)."""
+        return self._error
+
+    @property
+    def is_terminated(self) -> bool:
+        """True once a stop token was accepted, or a stop is forced (policy ``terminate``)."""
+        return self._state == TERMINATED or self._forced_stop
+
+    @property
+    def is_thinking(self) -> bool:
+        """True while in the reasoning phase (the constraint has not started)."""
+        return self._thinking
+
+    @property
+    def engine_name(self) -> str | None:
+        """The engine that compiled the grammar (``None`` while pending or failed)."""
+        return self._engine.name if self._engine is not None else None
+
+    @property
+    def num_accepted(self) -> int:
+        """Tokens accepted so far (thinking, grammar and stop tokens)."""
+        return len(self._log)
+
+    def wait(self, timeout: float | None = None) -> Request:
+        """Block until the compile finished; returns ``self`` (errors stay in ``error``)."""
+        try:
+            self._future.result(timeout)
+        except GrammarError:
+            pass
+        return self
+
+    def _on_compiled(self, fut: Future[CompiledGrammar]) -> None:
+        with self._lock:
+            exc = fut.exception()
+            if exc is not None:
+                self._fail(exc)
+                return
+            compiled = fut.result()
+            self._engine = compiled.engine
+            try:
+                self._matcher = compiled.engine.new_matcher(compiled.grammar)
+            except Exception as err:  # pragma: no cover - engine bug
+                self._fail(err)
+                return
+            self._state = ACTIVE
+            queued, self._queued = self._queued, []
+            for token in queued:
+                try:
+                    if not self._accept_locked(token):
+                        break
+                except GrammarRejectedToken:
+                    break  # recorded in self._error; raised to the next caller
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._state != FAILED:
+            self._state = FAILED
+            self._error = exc
+            self._rt.metrics_sink.inc("requests_failed")
+
+    # -- accepting -------------------------------------------------------------------------
+    def accept(self, token_id: int) -> bool:
+        """Accept one sampled token.
+
+        Returns True if accepted. A token the grammar rejects never removes the constraint:
+        per ``on_error`` it raises :class:`GrammarRejectedToken` (``raise``), returns False
+        and forces a stop (``terminate``) or returns False with the state unchanged
+        (``reject``). On a failed request, ``raise`` re-raises the failure.
+        """
+        with self._lock:
+            return self._accept_locked(int(token_id))
+
+    def accept_tokens(self, token_ids: Sequence[int]) -> int:
+        """Speculative verification: accept the longest valid prefix of ``token_ids`` and
+        return its length; the first rejected token and the rest are not consumed (no
+        ``on_error`` policy applies: rejecting a draft is normal)."""
+        with self._lock:
+            if self._state == PENDING:
+                raise GrammarNotReady("accept_tokens needs a compiled grammar")
+            n = 0
+            for t in token_ids:
+                if not self._try_accept(int(t)):
+                    break
+                n += 1
+            self._rt.metrics_sink.inc("tokens_accepted", n)
+            return n
+
+    def rollback(self, n: int = 1) -> None:
+        """Undo the last ``n`` accepted tokens (across the reasoning boundary too)."""
+        if n < 0:
+            raise ValueError(f"rollback count must be >= 0, got {n}")
+        with self._lock:
+            self._rollback_locked(n)
+
+    def _accept_locked(self, token: int) -> bool:
+        state = self._state
+        if state == PENDING:
+            self._queued.append(token)
+            return True
+        if state == FAILED:
+            if self.on_error == "raise":
+                raise self._error  # type: ignore[misc]
+            return False
+        if self._try_accept(token):
+            self._rt.metrics_sink.inc("tokens_accepted")
+            return True
+        self.num_rejected += 1
+        self._rt.metrics_sink.inc("tokens_rejected")
+        error = GrammarRejectedToken(token, len(self._log), self._reject_detail(token))
+        if self.on_error == "raise":
+            self._fail(error)
+            raise error
+        if self.on_error == "terminate":
+            if not self._forced_stop:
+                self._forced_stop = True
+                self._error = error
+                self._rt.metrics_sink.inc("forced_stops")
+        return False
+
+    def _reject_detail(self, token: int) -> str:
+        if self._state == TERMINATED or self._forced_stop:
+            return "the request is already terminated"
+        if self._thinking:
+            return "not allowed in the reasoning phase"
+        return ""
+
+    def _try_accept(self, token: int) -> bool:
+        """Accept ``token`` if allowed; on False nothing changed. Lock held."""
+        if self._state == TERMINATED or self._forced_stop:
+            if token in self._stops and not (self._log and self._log[-1] == _STOP):
+                self._log.append(_STOP)
+                return True
+            return False
+        if self._state != ACTIVE:
+            return False
+        if self._thinking:
+            return self._think_accept(token)
+        assert self._matcher is not None
+        if not self._matcher.accept(token):
+            return False
+        self._log.append(_GRAMMAR)
+        if self._matcher.is_terminated():
+            self._state = TERMINATED
+        return True
+
+    def _think_accept(self, token: int) -> bool:
+        cfg = self.reasoning
+        assert cfg is not None
+        end = cfg.think_end_ids
+        if token in self._stops:
+            return False
+        if self._forcing_think_end() and token != end[self._think_progress]:
+            return False
+        self._think_log.append(token)
+        self._log.append(_THINK)
+        self._think_progress = _suffix_match(self._think_log, end)
+        if self._think_progress == len(end):
+            self._thinking = False
+        return True
+
+    def _forcing_think_end(self) -> bool:
+        cfg = self.reasoning
+        return (
+            cfg is not None and cfg.budget is not None
+            and len(self._think_log) - self._think_progress >= cfg.budget
+        )
+
+    def _rollback_locked(self, n: int, count: bool = True) -> None:
+        if n > len(self._log):
+            raise ValueError(f"cannot roll back {n} tokens: only {len(self._log)} accepted")
+        if self._state == FAILED:
+            raise self._error  # type: ignore[misc]
+        grammar_n = 0
+        for _ in range(n):
+            kind = self._log.pop()
+            if kind == _GRAMMAR:
+                grammar_n += 1
+            elif kind == _THINK:
+                self._think_log.pop()
+                self._thinking = True
+        if grammar_n:
+            assert self._matcher is not None
+            self._matcher.rollback(grammar_n)
+            if self._state == TERMINATED and not self._matcher.is_terminated():
+                self._state = ACTIVE
+        if self.reasoning is not None and self._thinking:
+            self._think_progress = _suffix_match(self._think_log, self.reasoning.think_end_ids)
+        if count:
+            self._rt.metrics_sink.inc("rollbacks")
+
+    # -- masks -----------------------------------------------------------------------------
+    def fill(self, bitmask: Any, row: int = 0) -> None:
+        """Fill ``bitmask[row]`` with this request's next-token mask (single-request path;
+        use ``GrammarRuntime.fill_bitmask`` for batches)."""
+        with self._lock:
+            if self._state is ACTIVE and not self._thinking and not self._forced_stop:
+                self._matcher.fill(bitmask, row)  # type: ignore[union-attr]
+            else:
+                self._fill_special(bitmask, row)
+
+    def _fill_special(self, bitmask: Any, row: int) -> None:
+        """Rows not filled by the grammar engine. Lock held."""
+        state = self._state
+        if state == PENDING:
+            return
+        rt = self._rt
+        if state in (FAILED, TERMINATED) or self._forced_stop:
+            rt._write_row(bitmask, row, rt._stop_row)
+        elif self._thinking:
+            if self._forcing_think_end():
+                rt._write_row(bitmask, row, rt._single_token_row(
+                    self.reasoning.think_end_ids[self._think_progress]))  # type: ignore[union-attr]
+            else:
+                rt._write_row(bitmask, row, rt._no_stop_row)
+
+    def _plan(self) -> Matcher | None:
+        """The matcher to batch-fill, or None if ``_fill_special`` handles the row."""
+        if self._state is ACTIVE and not self._thinking and not self._forced_stop:
+            return self._matcher
+        return None
+
+    def fill_draft_masks(self, draft_ids: Sequence[int], bitmask: Any, start_row: int = 0) -> int:
+        """Masks for speculative verification of ``draft_ids``.
+
+        Row ``start_row + j`` gets the mask after accepting ``draft_ids[:j]`` (j = 0..k, so
+        k+1 rows). Drafts are accepted temporarily and rolled back. Returns the number of
+        leading drafts the grammar allows; rows past the first invalid draft repeat the mask
+        at that position.
+        """
+        k = len(draft_ids)
+        if start_row < 0 or start_row + k + 1 > bitmask.shape[0]:
+            raise ValueError(
+                f"bitmask has {bitmask.shape[0]} rows; drafts need rows {start_row}.."
+                f"{start_row + k}"
+            )
+        with self._lock:
+            if self._state == PENDING:
+                raise GrammarNotReady("fill_draft_masks needs a compiled grammar")
+            valid = 0
+            for j in range(k + 1):
+                self._fill_any(bitmask, start_row + j)
+                if j == k or not self._try_accept(int(draft_ids[j])):
+                    break
+                valid += 1
+            for j in range(valid + 1, k + 1):
+                bitmask[start_row + j] = bitmask[start_row + valid]
+            if valid:
+                self._rollback_locked(valid, count=False)
+            return valid
+
+    def fill_draft_tree(
+        self,
+        retrieve_next_token: Sequence[int],
+        retrieve_next_sibling: Sequence[int],
+        draft_tokens: Sequence[int],
+        bitmask: Any,
+    ) -> np.ndarray:
+        """Masks for a draft token tree (EAGLE/SGLang layout, as xgrammar's
+        ``traverse_draft_tree``): node 0 is the root, already accepted; node ``i``'s first
+        child is ``retrieve_next_token[i]`` and its next sibling ``retrieve_next_sibling[i]``
+        (-1 for none). Row ``i`` gets the mask after the path root..i. Returns a bool array:
+        True for the nodes whose path the grammar allows (rows of other nodes are left
+        as they were)."""
+        n = len(draft_tokens)
+        if bitmask.shape[0] < n:
+            raise ValueError(f"bitmask has {bitmask.shape[0]} rows, the tree has {n} nodes")
+        nxt = [int(x) for x in retrieve_next_token]
+        sib = [int(x) for x in retrieve_next_sibling]
+        if len(nxt) != n or len(sib) != n:
+            raise ValueError(f"tree arrays must have {n} entries, got {len(nxt)} and {len(sib)}")
+        valid = np.zeros(n, dtype=bool)
+        with self._lock:
+            if self._state == PENDING:
+                raise GrammarNotReady("fill_draft_tree needs a compiled grammar")
+            valid[0] = True
+            self._fill_any(bitmask, 0)
+            self._visit_children(0, nxt, sib, draft_tokens, bitmask, valid)
+        return valid
+
+    def _visit_children(self, node: int, nxt: list[int], sib: list[int],
+                        tokens: Sequence[int], bitmask: Any, valid: np.ndarray) -> None:
+        child = nxt[node]
+        while child != -1:
+            if self._try_accept(int(tokens[child])):
+                valid[child] = True
+                self._fill_any(bitmask, child)
+                self._visit_children(child, nxt, sib, tokens, bitmask, valid)
+                self._rollback_locked(1, count=False)
+            child = sib[child]
+
+    def _fill_any(self, bitmask: Any, row: int) -> None:
+        matcher = self._plan()
+        if matcher is not None:
+            matcher.fill(bitmask, row)
+        else:
+            self._fill_special(bitmask, row)
+
+    def jump_forward(self) -> str:
+        """Text the grammar forces next (empty while thinking, pending or terminated); the
+        engine tokenizes it and passes the ids to :meth:`accept`."""
+        with self._lock:
+            matcher = self._plan()
+            return matcher.jump_forward() if matcher is not None else ""
+
+    # -- asyncio ---------------------------------------------------------------------------
+    async def aaccept(self, token_id: int) -> bool:
+        """:meth:`accept` in the runtime's executor (keeps the event loop responsive)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._rt._executor, self.accept, token_id)
+
+    async def await_ready(self) -> Request:
+        """Await the compile without blocking the event loop."""
+        try:
+            await asyncio.wrap_future(self._future)
+        except GrammarError:
+            pass
+        return self
+
+
+def _suffix_match(log: list[int], end: tuple[int, ...]) -> int:
+    """Length of the longest suffix of ``log`` that is a prefix of ``end``."""
+    for k in range(min(len(end), len(log)), 0, -1):
+        if tuple(log[-k:]) == end[:k]:
+            return k
+    return 0

@@ -1,0 +1,275 @@
+"""The engine-facing entry point: :class:`GrammarRuntime`."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .compile_service import CompiledGrammar, CompileService
+from .engines import Engine, Matcher
+from .metrics import Metrics
+from .request import ReasoningConfig, Request
+from .specs import GrammarSpec
+from .tokenizer_info import TokenizerInfo, load_tokenizer_info
+
+__all__ = ["GrammarRuntime"]
+
+
+class GrammarRuntime:
+    """Compiles grammars in the background and fills bitmasks for batches of requests.
+
+    >>> rt = GrammarRuntime(load_tokenizer_info("deepseek"), engine="xgrammar")  # doctest: +SKIP
+    >>> req = rt.new_request(GrammarSpec.json_schema({"type": "object"}))       # doctest: +SKIP
+    >>> bitmask = rt.allocate_bitmask(8)                                         # doctest: +SKIP
+    >>> rt.fill_bitmask([req, None], bitmask)  # row 1 stays all-allowed         # doctest: +SKIP
+
+    Parameters: ``engine`` is ``"xgrammar"`` (default), ``"llguidance"`` or ``"auto"`` (try
+    the engines of ``auto_order`` in turn when one rejects or times out on a spec);
+    ``compile_timeout_s`` is a real limit (the compile runs in one of ``compile_workers``
+    worker processes, killed at the deadline), ``None`` compiles in threads without a
+    limit; ``fill_threads`` threads fill a batch; ``cache_bytes`` bounds the in-memory cache
+    of compiled grammars; ``disk_cache_dir`` enables the on-disk cache shared by processes
+    and tensor-parallel ranks; failed compiles are remembered for ``failure_ttl_s``.
+    """
+
+    def __init__(
+        self,
+        tokenizer_info: TokenizerInfo | str,
+        engine: str = "xgrammar",
+        *,
+        compile_timeout_s: float | None = 30.0,
+        fill_threads: int = 2,
+        cache_bytes: int = 512 << 20,
+        disk_cache_dir: str | None = None,
+        compile_workers: int = 1,
+        failure_ttl_s: float = 30.0,
+        auto_order: tuple[str, ...] = ("llguidance", "xgrammar"),
+        local_recompile_below_s: float = 0.1,
+    ) -> None:
+        if isinstance(tokenizer_info, str):
+            tokenizer_info = load_tokenizer_info(tokenizer_info)
+        if not isinstance(tokenizer_info, TokenizerInfo):
+            raise TypeError(
+                f"tokenizer_info must be a TokenizerInfo or a tokenizer name, got "
+                f"{type(tokenizer_info).__name__}"
+            )
+        if not isinstance(fill_threads, int) or fill_threads < 1:
+            raise ValueError(f"fill_threads must be an int >= 1, got {fill_threads!r}")
+        self.info = tokenizer_info
+        self.metrics_sink = Metrics()
+        self._service = CompileService(
+            tokenizer_info, engine=engine, auto_order=auto_order, timeout_s=compile_timeout_s,
+            workers=compile_workers, fill_threads=fill_threads, cache_bytes=cache_bytes,
+            disk_cache_dir=disk_cache_dir, failure_ttl_s=failure_ttl_s,
+            local_below_s=local_recompile_below_s, metrics=self.metrics_sink,
+        )
+        self._executor = ThreadPoolExecutor(4, thread_name_prefix="pg-runtime")
+        self._serials = iter(range(1 << 62))
+        self._serial_lock = threading.Lock()
+        words = tokenizer_info.bitmask_words
+        self._stop_row = self._row_of(tokenizer_info.stop_token_ids)
+        valid = np.zeros(words * 32, dtype=np.uint8)
+        valid[: tokenizer_info.tokenizer_vocab_size] = 1
+        valid[list(tokenizer_info.stop_token_ids)] = 0
+        self._no_stop_row = np.packbits(valid, bitorder="little").view(np.int32).copy()
+        self._single_rows: dict[int, np.ndarray] = {}
+        self._finalizer = weakref.finalize(self, _shutdown, self._service, self._executor)
+
+    # -- shape -----------------------------------------------------------------------------
+    @property
+    def engine(self) -> str:
+        """The engine choice (``xgrammar``, ``llguidance`` or ``auto``)."""
+        return self._service.engine_choice
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary width (bitmask columns cover it)."""
+        return self.info.vocab_size
+
+    @property
+    def bitmask_words(self) -> int:
+        """int32 words per bitmask row: ``ceil(vocab_size / 32)``."""
+        return self.info.bitmask_words
+
+    def allocate_bitmask(self, rows: int) -> np.ndarray:
+        """A ``(rows, bitmask_words)`` int32 NumPy array with every bit set (all allowed)."""
+        if not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"rows must be an int >= 1, got {rows!r}")
+        return np.full((rows, self.bitmask_words), -1, dtype=np.int32)
+
+    # -- compiling -------------------------------------------------------------------------
+    def compile_async(self, spec: GrammarSpec) -> Future[CompiledGrammar]:
+        """Start compiling ``spec`` (or find it cached); never blocks."""
+        return self._service.submit(spec)
+
+    def compile(self, spec: GrammarSpec, timeout: float | None = None) -> CompiledGrammar:
+        """Compile ``spec`` and wait for it; raises the compile error."""
+        return self._service.submit(spec).result(timeout)
+
+    async def acompile(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Await the compiled ``spec`` without blocking the event loop."""
+        return await asyncio.wrap_future(self._service.submit(spec))
+
+    def new_request(
+        self,
+        spec: GrammarSpec,
+        on_error: str = "raise",
+        reasoning: ReasoningConfig | None = None,
+    ) -> Request:
+        """A request constrained by ``spec``; its compile starts now, in the background."""
+        self.metrics_sink.inc("requests")
+        return Request(self, self._service.submit(spec), on_error=on_error, reasoning=reasoning)
+
+    # -- filling ---------------------------------------------------------------------------
+    def fill_bitmask(
+        self,
+        requests: Sequence[Request | None],
+        bitmask: Any,
+        rows: Sequence[int] | None = None,
+    ) -> None:
+        """Fill one bitmask row per request, with the engines' multi-threaded batch fill.
+
+        Row ``rows[i]`` (default ``i``) of ``bitmask`` (int32 ``(R, bitmask_words)``, NumPy or
+        a CPU Torch tensor) gets ``requests[i]``'s mask. ``None`` entries (unconstrained)
+        are set all-allowed; requests still compiling or in prefill are skipped (row left
+        untouched); failed and terminated requests allow only the stop tokens; thinking
+        requests allow every token but the stop tokens (or the forced think-end token).
+        """
+        t0 = time.perf_counter()
+        bm = _as_numpy_bitmask(bitmask, self.bitmask_words)
+        n = len(requests)
+        if rows is None:
+            row_list = list(range(n))
+            if n > bm.shape[0]:
+                raise ValueError(f"{n} requests but the bitmask has only {bm.shape[0]} rows")
+        else:
+            row_list = [int(r) for r in rows]
+            if len(row_list) != n:
+                raise ValueError(f"rows has {len(row_list)} entries for {n} requests")
+            bad = [r for r in row_list if not 0 <= r < bm.shape[0]]
+            if bad:
+                raise ValueError(f"rows {bad[:5]} out of range for a bitmask of {bm.shape[0]} rows")
+            if len(set(row_list)) != n:
+                raise ValueError(f"rows contain duplicates: {row_list}")
+        live = sorted(
+            (i for i, r in enumerate(requests) if r is not None and not r.in_prefill),
+            key=lambda i: requests[i]._serial,  # type: ignore[union-attr]
+        )
+        for i, req in enumerate(requests):
+            if req is None:
+                bm[row_list[i]] = -1
+        groups: dict[int, tuple[Engine, list[Matcher], list[int]]] = {}
+        locked: list[Request] = []
+        try:
+            for i in live:
+                req = requests[i]
+                assert req is not None
+                req._lock.acquire()
+                locked.append(req)
+                matcher = req._plan()
+                if matcher is None:
+                    req._fill_special(bm, row_list[i])
+                    continue
+                engine = req._engine
+                assert engine is not None
+                group = groups.get(id(engine))
+                if group is None:
+                    group = groups[id(engine)] = (engine, [], [])
+                group[1].append(matcher)
+                group[2].append(row_list[i])
+            for engine, matchers, rws in groups.values():
+                engine.fill_batch(matchers, bm, rws)
+        finally:
+            for req in locked:
+                req._lock.release()
+        m = self.metrics_sink
+        m.inc("fill_steps")
+        m.inc("fill_rows", n)
+        m.observe("fill", time.perf_counter() - t0)
+
+    async def afill_bitmask(
+        self,
+        requests: Sequence[Request | None],
+        bitmask: Any,
+        rows: Sequence[int] | None = None,
+    ) -> None:
+        """:meth:`fill_bitmask` in the runtime's executor (the event loop stays responsive)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self.fill_bitmask, requests, bitmask, rows)
+
+    # -- rows ------------------------------------------------------------------------------
+    def _row_of(self, token_ids: Sequence[int]) -> np.ndarray:
+        row = np.zeros(self.bitmask_words, dtype=np.int32)
+        for t in token_ids:
+            row[t >> 5] |= np.int32(np.uint32(1 << (t & 31)).view(np.int32))
+        return row
+
+    def _single_token_row(self, token_id: int) -> np.ndarray:
+        row = self._single_rows.get(token_id)
+        if row is None:
+            row = self._single_rows[token_id] = self._row_of([token_id])
+        return row
+
+    @staticmethod
+    def _write_row(bitmask: Any, row: int, values: np.ndarray) -> None:
+        if isinstance(bitmask, np.ndarray):
+            bitmask[row] = values
+        else:
+            _as_numpy_bitmask(bitmask, values.shape[0])[row] = values
+
+    # -- misc ------------------------------------------------------------------------------
+    def _next_serial(self) -> int:
+        with self._serial_lock:
+            return next(self._serials)
+
+    def metrics(self) -> dict[str, Any]:
+        """Counters and timings as a plain dict (compile time, cache hits, time-outs, fill
+        time per step, rejected tokens...)."""
+        out = self.metrics_sink.snapshot()
+        out["cache_bytes"] = self._service._memory.nbytes
+        out["cache_entries"] = len(self._service._memory)
+        return out
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live compile workers."""
+        return self._service.worker_pids()
+
+    def close(self) -> None:
+        """Stop the compile workers and threads (also done at garbage collection)."""
+        self._finalizer()
+
+    def __enter__(self) -> GrammarRuntime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _shutdown(service: CompileService, executor: ThreadPoolExecutor) -> None:
+    service.close()
+    executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _as_numpy_bitmask(bitmask: Any, words: int) -> np.ndarray:
+    if isinstance(bitmask, np.ndarray):
+        arr = bitmask
+    elif hasattr(bitmask, "numpy") and hasattr(bitmask, "device"):
+        if bitmask.device.type != "cpu":
+            raise ValueError(f"the bitmask must be on the CPU, got device {bitmask.device}")
+        arr = bitmask.numpy()  # shares memory with the tensor
+    else:
+        raise TypeError(f"bitmask must be a NumPy array or a CPU Torch tensor, got {type(bitmask)}")
+    if arr.dtype != np.int32 or arr.ndim != 2 or arr.shape[1] != words:
+        raise ValueError(
+            f"bitmask must be int32 of shape (rows, {words}), got {arr.dtype} {arr.shape}"
+        )
+    if not arr.flags["C_CONTIGUOUS"]:
+        raise ValueError("bitmask must be C-contiguous")
+    return arr

@@ -1,0 +1,263 @@
+"""Compile worker processes: the time limit that really stops a compile.
+
+A compile runs in a worker process; the parent waits for the reply until the deadline and
+then kills the worker (SIGKILL), which frees its CPU and memory at once, and starts a
+replacement in the background. The worker sends back the compiled grammar serialized, or,
+when the compile took less than ``local_below_s`` (cheaper to redo than to serialize and
+ship), only the news that the spec compiles fast, and the parent compiles it itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from collections.abc import Callable
+from typing import Any
+
+from .errors import GrammarCompileError, GrammarTimeout
+
+__all__ = ["WorkerPool", "WorkerReply"]
+
+log = logging.getLogger(__name__)
+
+#: (status, text, compile_seconds): status is "ok", "unsupported" or "error"; for "ok",
+#: text is the serialized grammar or None (recompile locally).
+WorkerReply = tuple[str, Any, float]
+
+
+def main() -> None:
+    """Entry point of a worker process: ``python -m portable_guided.runtime.worker RFD WFD``.
+
+    The worker is a fresh interpreter (not a fork, so none of the parent's threads or
+    locks come along, and not ``multiprocessing`` spawn, which would re-run the caller's
+    main module); it talks to the parent over two pipes.
+    """
+    rfd, wfd = int(sys.argv[1]), int(sys.argv[2])
+    conn = _Duplex(Connection(rfd, writable=False), Connection(wfd, readable=False))
+    engines_spec, local_below_s = conn.recv()
+    _serve(conn, engines_spec, local_below_s)
+
+
+class _Duplex:
+    """A pair of one-way connections used as one."""
+
+    __slots__ = ("_r", "_w")
+
+    def __init__(self, reader: Connection, writer: Connection) -> None:
+        self._r, self._w = reader, writer
+
+    def send(self, obj: Any) -> None:
+        self._w.send(obj)
+
+    def recv(self) -> Any:
+        return self._r.recv()
+
+    def poll(self, timeout: float) -> bool:
+        return self._r.poll(timeout)
+
+    def close(self) -> None:
+        self._r.close()
+        self._w.close()
+
+
+def _serve(conn: Any, engines_spec: dict[str, tuple[str, str, Any]],
+           local_below_s: float) -> None:
+    from .engines.base import UnsupportedSpec
+    from .specs import GrammarSpec
+
+    engines = {
+        name: getattr(importlib.import_module(module), cls).from_payload(payload)
+        for name, (module, cls, payload) in engines_spec.items()
+    }
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        job_id, engine_name, spec_dict, serialize_always = job
+        t0 = time.perf_counter()
+        try:
+            engine = engines[engine_name]
+            compiled = engine.compile(GrammarSpec.from_dict(spec_dict))
+            seconds = time.perf_counter() - t0
+            text = engine.serialize(compiled) if serialize_always or seconds >= local_below_s else None
+            conn.send((job_id, ("ok", text, seconds)))
+        except UnsupportedSpec as exc:
+            conn.send((job_id, ("unsupported", str(exc), time.perf_counter() - t0)))
+        except Exception as exc:  # the engine's own diagnosis goes back to the request
+            conn.send((job_id, ("error", f"{type(exc).__name__}: {exc}",
+                                time.perf_counter() - t0)))
+
+
+class _Worker:
+    __slots__ = ("proc", "conn")
+
+    def __init__(self, proc: Any, conn: Any) -> None:
+        self.proc = proc
+        self.conn = conn
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignorable
+            log.error("compile worker %s did not exit after SIGKILL", self.proc.pid)
+        self.conn.close()
+
+
+def _start_worker() -> _Worker:
+    p2c_r, p2c_w = os.pipe()
+    c2p_r, c2p_w = os.pipe()
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "portable_guided.runtime.worker", str(p2c_r), str(c2p_w)],
+            pass_fds=(p2c_r, c2p_w), env=env, stdin=subprocess.DEVNULL,
+        )
+    finally:
+        os.close(p2c_r)
+        os.close(c2p_w)
+    conn = _Duplex(Connection(c2p_r, writable=False), Connection(p2c_w, readable=False))
+    return _Worker(proc, conn)
+
+
+class WorkerPool:
+    """A fixed number of compile worker processes, each able to run every engine.
+
+    ``engines_spec`` is a callable returning ``{engine: (module, class, payload)}``; it is
+    called once, in a background thread, when the first worker starts (building the
+    payloads takes a moment), so constructing the pool never blocks.
+    """
+
+    def __init__(
+        self,
+        engines_spec: Callable[[], dict[str, tuple[str, str, Any]]],
+        *,
+        size: int = 1,
+        local_below_s: float = 0.1,
+        start_timeout_s: float = 120.0,
+        on_kill: Callable[[], None] | None = None,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"compile worker pool size must be >= 1, got {size}")
+        self.size = size
+        self._spec_fn = engines_spec
+        self._spec: dict[str, tuple[str, str, Any]] | None = None
+        self._spec_lock = threading.Lock()
+        self._local_below_s = local_below_s
+        self._start_timeout_s = start_timeout_s
+        self._on_kill = on_kill
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._all: set[_Worker] = set()
+        self._all_lock = threading.Lock()
+        self._ids = itertools.count()
+        self._closed = False
+        self.start_error: BaseException | None = None
+        for _ in range(size):
+            self._spawn_async()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _spawn_async(self) -> None:
+        if not self._closed:
+            threading.Thread(target=self._spawn, name="pg-compile-spawn", daemon=True).start()
+
+    def _spawn(self) -> None:
+        try:
+            with self._spec_lock:
+                if self._spec is None:
+                    self._spec = self._spec_fn()
+            worker = _start_worker()
+            worker.conn.send((self._spec, self._local_below_s))
+            if not worker.conn.poll(self._start_timeout_s):
+                worker.kill()
+                raise RuntimeError(f"compile worker did not start in {self._start_timeout_s} s")
+            worker.conn.recv()
+        except BaseException as exc:  # reported by run() to the compile that waits
+            log.error("compile worker failed to start: %s", exc)
+            self.start_error = exc
+            return
+        with self._all_lock:
+            if self._closed:
+                worker.kill()
+                return
+            self._all.add(worker)
+        self._idle.put(worker)
+
+    def close(self) -> None:
+        """Stop every worker (idle or busy)."""
+        self._closed = True
+        with self._all_lock:
+            workers = list(self._all)
+            self._all.clear()
+        for w in workers:
+            w.kill()
+
+    def pids(self) -> list[int]:
+        """Process ids of the live workers."""
+        with self._all_lock:
+            return [w.proc.pid for w in self._all]
+
+    # -- running ---------------------------------------------------------------------------
+    def run(self, engine: str, spec_dict: dict[str, Any], timeout_s: float,
+            serialize_always: bool = False) -> WorkerReply:
+        """Compile in a worker; raises :class:`GrammarTimeout` (after killing the worker) when
+        no reply came within ``timeout_s`` of handing the job over."""
+        try:
+            worker = self._idle.get(timeout=self._start_timeout_s)
+        except queue.Empty:
+            raise GrammarCompileError(
+                f"no compile worker became available in {self._start_timeout_s} s"
+                + (f" (last start error: {self.start_error})" if self.start_error else ""),
+                engine=engine,
+            ) from None
+        job_id = next(self._ids)
+        t0 = time.monotonic()
+        try:
+            worker.conn.send((job_id, engine, spec_dict, serialize_always))
+            if worker.conn.poll(timeout_s):
+                reply_id, reply = worker.conn.recv()
+                if reply_id != job_id:
+                    raise RuntimeError(f"worker replied to job {reply_id}, expected {job_id}")
+                self._idle.put(worker)
+                return reply  # type: ignore[no-any-return]
+        except (EOFError, OSError, RuntimeError) as exc:
+            self._retire(worker)
+            raise GrammarCompileError(
+                f"compile worker died ({type(exc).__name__}: {exc}); exit code "
+                f"{worker.proc.poll()}", engine=engine,
+            ) from exc
+        self._retire(worker)
+        if self._on_kill is not None:
+            self._on_kill()
+        raise GrammarTimeout(
+            f"compile exceeded its time limit of {timeout_s:g} s; worker killed after "
+            f"{time.monotonic() - t0:.2f} s", engine=engine,
+        )
+
+    def _retire(self, worker: _Worker) -> None:
+        with self._all_lock:
+            self._all.discard(worker)
+        worker.kill()
+        self._spawn_async()
+
+
+if __name__ == "__main__":
+    main()
