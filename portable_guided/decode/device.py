@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Pending", "Runner", "SamplingParams", "Ready"]
+__all__ = ["Pending", "Ready", "Runner", "SamplingParams"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ class Runner(Protocol):
     eos_token_id: int
 
     def reset(self, max_slots: int, max_len: int) -> None:
-        """(Re)allocate the KV cache for ``max_slots`` sequences of up to ``max_len`` tokens."""
+        """(Re)allocate the KV cache for ``max_slots`` sequences of up to ``max_len`` tokens
+        and restart sampling from its seed."""
         ...
 
     def forward(

@@ -16,12 +16,11 @@ Example::
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import TypeVar
 
 __all__ = ["OverlappedStep", "StepTimes"]
 
@@ -30,14 +29,13 @@ D = TypeVar("D")
 
 
 @dataclass
-class StepTimes(Generic[C]):
+class StepTimes:
     """Accumulated seconds: CPU work, device-part calls, and the CPU work left visible."""
 
     cpu_s: float = 0.0
     device_call_s: float = 0.0
     visible_cpu_s: float = 0.0
     steps: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 class OverlappedStep:
@@ -102,7 +100,7 @@ class OverlappedStep:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    def __enter__(self) -> OverlappedStep:
+    def __enter__(self) -> OverlappedStep:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 __all__ = ["load_runner"]
 
 
-def load_runner(framework: str = "torch", *, device: str | None = None):  # noqa: ANN201
+def load_runner(framework: str = "torch", *, device: str | None = None):
     """Build the runner for ``framework`` ("torch" or "paddle") on ``device`` (default: best).
 
     Example::

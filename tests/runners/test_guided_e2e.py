@@ -1,0 +1,139 @@
+"""Guided generation end to end: real model, real runtime (xgrammar), real ``apply_token_mask``.
+
+Schemas: the first 12 of MaskBench ``Github_trivial`` and the first 12 of ``Glaiveai2K``
+(a fixed, unfiltered selection). Every output that finishes must parse and validate with
+``jsonschema``; the small model rambles on some schemas, so a few may hit ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from portable_guided.decode.engine import GenerationRequest, Generator
+
+pytestmark = [pytest.mark.model, pytest.mark.xgrammar, pytest.mark.slow]
+
+MASKBENCH = os.environ.get("PG_MASKBENCH_DIR", "/work/shared/data/maskbench")
+MAX_TOKENS = 192
+MIN_FINISHED = 0.35  # share that must reach the grammar's end (measured 10 of 24 on torch)
+
+
+def _schemas(per_file: int) -> list[tuple[str, dict]]:
+    out = []
+    for name in ("Github_trivial", "Glaiveai2K"):
+        path = os.path.join(MASKBENCH, f"{name}.jsonl")
+        if not os.path.exists(path):
+            pytest.skip(f"MaskBench data not found at {MASKBENCH} (set PG_MASKBENCH_DIR)")
+        with open(path) as f:
+            rows = [json.loads(line) for _, line in zip(range(per_file), f)]
+        out += [(r["id"], r["schema"]) for r in rows]
+    return out
+
+
+def _guided(runtime, tokenizer, schemas, prompt_text="Reply with a short JSON object."):
+    from portable_guided.runners.weights import encode_chat
+    from portable_guided.runtime import GrammarSpec
+
+    prompt = encode_chat(tokenizer, prompt_text)
+    return [
+        GenerationRequest(
+            prompt, MAX_TOKENS,
+            runtime.new_request(GrammarSpec.json_schema(schema, any_whitespace=False)), sid,
+        )
+        for sid, schema in schemas
+    ]
+
+
+def _check_valid(outs, schemas, tokenizer) -> int:
+    import jsonschema
+
+    by_id = dict(schemas)
+    finished = 0
+    for out in outs:
+        assert out.error is None, (out.request_id, out.error)
+        assert out.finish_reason in ("stop", "length"), out
+        if out.finish_reason == "stop":
+            finished += 1
+            value = json.loads(tokenizer.decode(out.token_ids))
+            jsonschema.validate(value, by_id[out.request_id])
+    assert finished >= MIN_FINISHED * len(outs), f"only {finished} of {len(outs)} finished"
+    return finished
+
+
+@pytest.fixture(scope="module")
+def schemas():
+    return _schemas(12)
+
+
+@pytest.fixture(scope="module")
+def torch_guided(torch_runner, runtime, tokenizer, schemas):
+    gen = Generator(torch_runner, runtime=runtime, max_batch=24)
+    return gen.generate(_guided(runtime, tokenizer, schemas))
+
+
+def test_torch_outputs_validate(torch_guided, schemas, tokenizer):
+    _check_valid(torch_guided, schemas, tokenizer)
+
+
+def test_speculative_is_token_identical_under_greedy(torch_runner, runtime, tokenizer, schemas,
+                                                     torch_guided):
+    gen = Generator(torch_runner, runtime=runtime, max_batch=24, num_draft=4)
+    spec = gen.generate(_guided(runtime, tokenizer, schemas))
+    assert gen.stats.accepted_draft_tokens > 0  # the drafts really were used
+    assert [o.token_ids for o in spec] == [o.token_ids for o in torch_guided]
+    assert [o.finish_reason for o in spec] == [o.finish_reason for o in torch_guided]
+
+
+def test_without_overlap_is_token_identical(torch_runner, runtime, tokenizer, schemas,
+                                            torch_guided):
+    few = schemas[:6]
+    gen = Generator(torch_runner, runtime=runtime, max_batch=6, overlap=False)
+    outs = gen.generate(_guided(runtime, tokenizer, few))
+    ids = {o.request_id: o.token_ids for o in torch_guided}
+    assert [o.token_ids for o in outs] == [ids[sid] for sid, _ in few]
+
+
+@pytest.mark.paddle
+def test_paddle_outputs_validate(paddle_runner, runtime, tokenizer, schemas):
+    few = schemas[:6] + schemas[12:18]
+    outs = Generator(paddle_runner, runtime=runtime, max_batch=12).generate(
+        _guided(runtime, tokenizer, few)
+    )
+    _check_valid(outs, few, tokenizer)
+
+
+def test_mixed_batch_with_failures(torch_runner, runtime, tokenizer, schemas):
+    """Free-text rows are unaffected by guided neighbours; broken requests fail alone."""
+    from portable_guided.runners.weights import encode_chat
+    from portable_guided.runtime import GrammarCompileError, GrammarRejectedToken, GrammarSpec
+
+    free_prompts = ["Tell me a joke.", "What is 2+2?", "Name a fruit."]
+    free = [GenerationRequest(encode_chat(tokenizer, p), 24, None, p) for p in free_prompts]
+    alone = Generator(torch_runner, max_batch=4).generate(free)
+
+    guided = _guided(runtime, tokenizer, schemas[:4])
+    broken_compile = GenerationRequest(
+        guided[0].prompt_ids, 16, runtime.new_request(GrammarSpec.ebnf("root ::= undefined_rule")),
+        "broken-compile",
+    )
+    # A request restored in its final state: the grammar allows only the stop token and
+    # rejects it once more, so the first sampled token is rejected (on_error="raise").
+    done = runtime.new_request(GrammarSpec.regex("ab")).wait(60)
+    for tok in [*runtime.info.encode("ab"), *runtime.info.stop_token_ids * 2]:
+        done.accept(tok)
+    rejected = GenerationRequest(guided[0].prompt_ids, 16, done, "rejected")
+    batch = [free[0], guided[0], broken_compile, free[1], guided[1], rejected, free[2],
+             guided[2], guided[3]]
+    outs = {o.request_id: o for o in Generator(torch_runner, runtime=runtime, max_batch=4)
+            .generate(batch)}
+
+    assert outs["broken-compile"].finish_reason == "error"
+    assert isinstance(outs["broken-compile"].error, GrammarCompileError)
+    assert outs["rejected"].finish_reason == "error"
+    assert isinstance(outs["rejected"].error, GrammarRejectedToken)
+    for ref in alone:
+        assert outs[ref.request_id].token_ids == ref.token_ids
+    _check_valid([outs[g.request_id] for g in guided], schemas[:4], tokenizer)
