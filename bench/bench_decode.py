@@ -126,14 +126,14 @@ def main(argv: list[str] | None = None) -> int:
                   f" {m['grammar_ms_per_step']:>10.2f} {m['visible_grammar_ms_per_step']:>10.2f}"
                   f" {100 * m['visible_overhead_share']:>8.1f}%")
     if args.json:
-        import numpy
-        import xgrammar
+        from importlib.metadata import version
 
         meta = {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": f"{host_platform.machine()} {os.cpu_count()} cores, shared with other jobs",
-            "python": host_platform.python_version(), "numpy": numpy.__version__,
-            "xgrammar": xgrammar.__version__, "device": args.device, "cuda": args.cuda,
+            "python": host_platform.python_version(), "numpy": version("numpy"),
+            "xgrammar": version("xgrammar"), "torch": version("torch"),
+            "device": args.device, "cuda": args.cuda,
             "forward_ms": args.forward_ms if args.device == "simulated" else None,
             "tokens": args.tokens, "repeat": args.repeat, "fill_threads": args.fill_threads,
             "schemas": "MaskBench Glaiveai2K (first N), xgrammar, compact JSON",
