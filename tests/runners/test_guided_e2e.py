@@ -14,7 +14,7 @@ import pytest
 
 from portable_guided.decode.engine import GenerationRequest, Generator
 
-pytestmark = [pytest.mark.model, pytest.mark.xgrammar, pytest.mark.slow]
+pytestmark = [pytest.mark.model, pytest.mark.xgrammar]
 
 MASKBENCH = os.environ.get("PG_MASKBENCH_DIR", "/work/shared/data/maskbench")
 MAX_TOKENS = 192
@@ -80,11 +80,13 @@ def test_torch_outputs_validate(torch_guided, schemas, tokenizer):
 
 def test_speculative_is_token_identical_under_greedy(torch_runner, runtime, tokenizer, schemas,
                                                      torch_guided):
-    gen = Generator(torch_runner, runtime=runtime, max_batch=24, num_draft=4)
-    spec = gen.generate(_guided(runtime, tokenizer, schemas))
+    few = schemas[:6] + schemas[12:18]
+    gen = Generator(torch_runner, runtime=runtime, max_batch=12, num_draft=4)
+    spec = gen.generate(_guided(runtime, tokenizer, few))
     assert gen.stats.accepted_draft_tokens > 0  # the drafts really were used
-    assert [o.token_ids for o in spec] == [o.token_ids for o in torch_guided]
-    assert [o.finish_reason for o in spec] == [o.finish_reason for o in torch_guided]
+    ref = {o.request_id: o for o in torch_guided}
+    assert [o.token_ids for o in spec] == [ref[sid].token_ids for sid, _ in few]
+    assert [o.finish_reason for o in spec] == [ref[sid].finish_reason for sid, _ in few]
 
 
 def test_without_overlap_is_token_identical(torch_runner, runtime, tokenizer, schemas,
