@@ -1,0 +1,5 @@
+import sys
+
+from portable_guided.cli import main
+
+sys.exit(main())
