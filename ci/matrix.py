@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -80,7 +81,7 @@ def _install_fingerprint(lane: Lane) -> str:
 
 def _stream(command: Sequence[str], *, env: dict[str, str], timeout_s: float) -> tuple[int, list[str], bool]:
     """Run ``command`` in the repo root, echoing its output; returns (status, last lines, timed out)."""
-    print("$", " ".join(command), flush=True)
+    print("$", shlex.join(command), flush=True)
     proc = subprocess.Popen(
         command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, errors="replace", start_new_session=True,
@@ -134,7 +135,7 @@ def install_lane(lane: Lane, *, reinstall: bool = False) -> str | None:
     stamp.unlink(missing_ok=True)
     constraints = lane.venv / "constraints.txt"
     constraints.write_text("".join(c + "\n" for c in lane.constraints), encoding="utf-8")
-    pip = [str(_venv_python(lane)), "-m", "pip", "install", "--progress-bar", "off",
+    pip = [str(_venv_python(lane)), "-m", "pip", "install", "--quiet", "--progress-bar", "off",
            "-c", str(constraints)]
     project = "." + (f"[{','.join(lane.extras)}]" if lane.extras else "")
     for number, step in enumerate([*lane.steps, ("-e", project)], start=1):
