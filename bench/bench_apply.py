@@ -44,7 +44,8 @@ def make_bitmask(kind: str, batch: int, vocab: int, rng: np.random.Generator) ->
     bitmask = np.zeros((batch, words), np.uint32)
     for row in range(batch):
         tokens = rng.choice(vocab, JSON_ALLOWED, replace=False)
-        np.bitwise_or.at(bitmask[row], tokens // 32, np.uint32(1) << (tokens % 32).astype(np.uint32))
+        bits = np.uint32(1) << (tokens % 32).astype(np.uint32)
+        np.bitwise_or.at(bitmask[row], tokens // 32, bits)
     return bitmask.view(np.int32)
 
 
@@ -52,7 +53,10 @@ def implementations(device: str):
     import xgrammar as xgr
 
     def xgr_backend(name):
-        return lambda logits, bitmask: xgr.apply_token_bitmask_inplace(logits, bitmask, backend=name)
+        def apply(logits, bitmask):
+            xgr.apply_token_bitmask_inplace(logits, bitmask, backend=name)
+
+        return apply
 
     impls = {
         "ours": lambda logits, bitmask: pg.apply_token_mask(logits, bitmask),
@@ -73,7 +77,11 @@ def time_cell(fn, buffers, bitmask, device, min_reps, budget_s):
     samples: list[float] = []
     start = time.perf_counter()
     i = 0
-    while len(samples) < min_reps or (time.perf_counter() - start < budget_s and len(samples) < 200):
+    def more() -> bool:
+        in_budget = time.perf_counter() - start < budget_s and len(samples) < 200
+        return len(samples) < min_reps or in_budget
+
+    while more():
         logits = buffers[i % len(buffers)]
         i += 1
         if device == "cuda":

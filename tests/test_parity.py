@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 import portable_guided as pg
 from portable_guided import reference_apply_token_mask as reference
-
 from tests.support import frameworks, make, to_f32
 
 IMPLEMENTATIONS = [

@@ -97,7 +97,7 @@ def test_missing_framework_gives_an_install_hint():
 
 def test_fake_entry_point_plugin_is_found_and_used(tmp_path):
     """A real entry point, from a real (tiny) installed distribution on sys.path."""
-    (tmp_path / "fake_plugin.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "fake_plugin.py").write_text(textwrap.dedent("""
         from portable_guided.platform import Platform
         CALLS = []
         def kernel(logits, bitmask, plan):
@@ -105,7 +105,7 @@ def test_fake_entry_point_plugin_is_found_and_used(tmp_path):
             CALLS.append(plan.batch)
             return apply_host(logits, bitmask, plan)
         PLATFORM = Platform(name="fakeplat", description="a plugin", device_types=("fakedev",),
-                            kernels={{"numpy": "fake_plugin:kernel"}}, strategy="plugin",
+                            kernels={"numpy": "fake_plugin:kernel"}, strategy="plugin",
                             static_shapes=True)  # so it may be forced onto CPU arrays
     """))
     dist = tmp_path / "fake_plugin-1.0.dist-info"
