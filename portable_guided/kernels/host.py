@@ -47,16 +47,21 @@ def apply_host_arrays(bits: np.ndarray, bitmask: np.ndarray, plan: MaskPlan) -> 
     rows = plan.masked_rows
     table = _selected_words(bitmask.reshape(plan.bitmask_rows, plan.bitmask_words), plan, words)
 
-    full = (table == _ALL_ONES).all(axis=1)
-    if full.all():
+    live = ~(table == _ALL_ONES).all(axis=1)
+    if not live.any():
         return
-    live = ~full
     table, rows = table[live], rows[live]
-    allowed = np.bitwise_count(table).sum(axis=1, dtype=np.int64)
+    # One pass finds every nonzero word; it both sizes the rows and feeds the sparse path.
+    flat = np.flatnonzero(table != 0)
+    values = table.ravel()[flat]
+    local_row = flat // words
+    allowed = np.bincount(local_row, weights=np.bitwise_count(values), minlength=rows.size)
     sparse = allowed * SPARSE_RATIO <= vocab
     neg = bits.dtype.type(NEG_INF_BITS[plan.dtype])
     if sparse.any():
-        _apply_sparse(bits, table[sparse], rows[sparse], vocab, neg)
+        in_sparse = sparse[local_row]
+        _apply_sparse(bits, rows, sparse, local_row[in_sparse], flat[in_sparse] % words,
+                      values[in_sparse], vocab, neg)
     for row, row_words in zip(rows[~sparse], table[~sparse]):
         _apply_dense_row(bits[row, :vocab], row_words, vocab, neg)
 
@@ -84,20 +89,30 @@ def _row_runs(rows: np.ndarray) -> list[tuple[int, int]]:
 
 
 def _apply_sparse(
-    bits: np.ndarray, table: np.ndarray, rows: np.ndarray, vocab: int, neg: np.generic
+    bits: np.ndarray,
+    rows: np.ndarray,
+    sparse: np.ndarray,
+    local_row: np.ndarray,
+    word: np.ndarray,
+    values: np.ndarray,
+    vocab: int,
+    neg: np.generic,
 ) -> None:
-    order = np.argsort(rows, kind="stable")
-    table, rows = table[order], rows[order]
-    local, word = np.nonzero(table)
-    values = table[local, word].astype("<u4", copy=False)
-    unpacked = np.unpackbits(values.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
+    """Fill the sparse rows with -inf, keeping the tokens whose bits are set.
+
+    ``local_row``/``word``/``values`` list the nonzero words of those rows (``local_row``
+    indexes ``rows``).
+    """
+    unpacked = np.unpackbits(
+        values.astype("<u4", copy=False).view(np.uint8).reshape(-1, 4), axis=1, bitorder="little"
+    )
     set_bits = unpacked.view(bool)
     cols = (word[:, None] * 32 + _BIT_OFFSETS)[set_bits]
-    row_of = np.broadcast_to(rows[local][:, None], set_bits.shape)[set_bits]
+    row_of = np.broadcast_to(rows[local_row][:, None], set_bits.shape)[set_bits]
     keep = cols < vocab  # bits past vocab were only set to mark them allowed
     cols, row_of = cols[keep], row_of[keep]
     saved = bits[row_of, cols]
-    for start, stop in _row_runs(rows):
+    for start, stop in _row_runs(np.sort(rows[sparse])):
         bits[start:stop, :vocab] = neg
     bits[row_of, cols] = saved
 

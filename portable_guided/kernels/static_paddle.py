@@ -61,9 +61,11 @@ def _expand_on_device(bitmask: paddle.Tensor, plan: MaskPlan, place: Any) -> pad
         mask = paddle.concat([mask, paddle.full([mask.shape[0], pad_words], -1, "int32")], 1)
     if pad_rows:
         mask = paddle.concat([mask, paddle.full([pad_rows, words], -1, "int32")], 0)
-    mask = paddle.bitwise_or(mask, paddle.to_tensor(column_allow_words(plan), place=place))
+    allow = column_allow_words(plan.vocab_size, plan.width)
+    mask = paddle.bitwise_or(mask, paddle.to_tensor(allow, place=place))
     if plan.rows is not None:
         selected = np.zeros((plan.batch, 1), dtype=bool)
         selected[plan.rows] = True
-        mask = paddle.where(paddle.to_tensor(selected, place=place), mask, paddle.full([], -1, "int32"))
+        selector = paddle.to_tensor(selected, place=place)
+        mask = paddle.where(selector, mask, paddle.full([], -1, "int32"))
     return mask

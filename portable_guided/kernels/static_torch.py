@@ -29,15 +29,7 @@ def _bit_table(device: torch.device) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=64)
 def _column_allow(device: torch.device, vocab_size: int, width: int) -> torch.Tensor:
-    plan_like = _PlanColumns(vocab_size, width)
-    return torch.from_numpy(column_allow_words(plan_like)).to(device)  # type: ignore[arg-type]
-
-
-class _PlanColumns:
-    """The two fields ``column_allow_words`` reads, for cache keys."""
-
-    def __init__(self, vocab_size: int, width: int) -> None:
-        self.vocab_size, self.width = vocab_size, width
+    return torch.from_numpy(column_allow_words(vocab_size, width)).to(device)
 
 
 def apply_static_torch(logits: torch.Tensor, bitmask: Any, plan: MaskPlan) -> torch.Tensor:
