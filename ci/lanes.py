@@ -26,7 +26,7 @@ PLATFORMS_DIR = REPO_ROOT / "platforms"
 _SCHEMA: dict[str, set[str]] = {
     "": {"name", "summary", "needs_hardware", "install", "env", "tests", "probe", "github"},
     "install": {"constraints", "steps", "extras"},
-    "tests": {"paths", "markers", "timeout_minutes"},
+    "tests": {"paths", "markers", "keywords", "timeout_minutes"},
     "probe": {"any_path", "any_command", "hint"},
     "github": {"runs_on"},
 }
@@ -49,6 +49,7 @@ class Lane:
     env: dict[str, str]
     test_paths: tuple[str, ...]
     markers: str
+    keywords: str
     timeout_minutes: float
     runs_on: tuple[str, ...]
     probe_paths: tuple[str, ...] = ()
@@ -105,9 +106,10 @@ def load_lane(path: Path) -> Lane:
     timeout = tests.get("timeout_minutes", 30)
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise LaneError(f"{path.name}: tests.timeout_minutes must be positive, got {timeout!r}")
-    markers = tests.get("markers", "")
-    if not isinstance(markers, str):
-        raise LaneError(f"{path.name}: tests.markers must be a string, got {markers!r}")
+    markers, keywords = tests.get("markers", ""), tests.get("keywords", "")
+    if not isinstance(markers, str) or not isinstance(keywords, str):
+        raise LaneError(f"{path.name}: tests.markers and tests.keywords must be strings, "
+                        f"got {markers!r} and {keywords!r}")
     return Lane(
         name=data["name"],
         summary=str(data["summary"]),
@@ -118,6 +120,7 @@ def load_lane(path: Path) -> Lane:
         env=dict(env),
         test_paths=_str_list(tests.get("paths", ["tests"]), f"{path.name}: tests.paths"),
         markers=markers,
+        keywords=keywords,
         timeout_minutes=float(timeout),
         runs_on=_str_list(data["github"].get("runs_on", []), f"{path.name}: github.runs_on"),
         probe_paths=_str_list(probe.get("any_path", []), f"{path.name}: probe.any_path"),

@@ -163,7 +163,8 @@ def run_lane(lane: Lane, *, reinstall: bool = False, install: bool = True,
         return LaneResult(lane.name, "failed", f"--no-install but {lane.venv.name}/ does not exist")
     installed = time.monotonic()
     command = [str(_venv_python(lane)), "-m", "pytest", "-p", "no:cacheprovider",
-               *(["-m", lane.markers] if lane.markers else []), *lane.test_paths, *pytest_args]
+               *(["-m", lane.markers] if lane.markers else []),
+               *(["-k", lane.keywords] if lane.keywords else []), *lane.test_paths, *pytest_args]
     status, tail, timed_out = _stream(command, env=_lane_env(lane),
                                       timeout_s=lane.timeout_minutes * 60)
     result = LaneResult(lane.name, "passed", seconds=time.monotonic() - start,
@@ -230,7 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         for lane in selected:
             present, why = probe_hardware(lane)
-            print(f"{lane.name:<10} {'runs' if present else 'skipped':<8} {why}  [{lane.markers}]")
+            selection = f"-m '{lane.markers}'" + (f" -k '{lane.keywords}'" if lane.keywords else "")
+            print(f"{lane.name:<10} {'runs' if present else 'skipped':<8} {why}  [{selection}]")
         return 0
     results = []
     for lane in selected:

@@ -145,5 +145,5 @@ def test_cli_lists_lanes_and_rejects_unknown_ones() -> None:
 def test_platform_readme_documents_every_key() -> None:
     readme = (PLATFORMS_DIR / "README.md").read_text(encoding="utf-8")
     for key in ("needs_hardware", "constraints", "steps", "extras", "paths", "markers",
-                "timeout_minutes", "any_path", "any_command", "hint", "runs_on"):
+                "keywords", "timeout_minutes", "any_path", "any_command", "hint", "runs_on"):
         assert f"`{key}`" in readme or f"] {key}`" in readme, key
