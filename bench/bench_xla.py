@@ -32,14 +32,15 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 os.environ.setdefault("CPU_NUM_DEVICES", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch_xla  # noqa: E402
-import torch_xla.debug.metrics as met  # noqa: E402
+import numpy as np
+import torch
+import torch_xla
+import torch_xla.core.xla_model as xm
+import torch_xla.debug.metrics as met
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import portable_guided as pg  # noqa: E402
-from portable_guided.precompile import precompile  # noqa: E402
+import portable_guided as pg
+from portable_guided.precompile import precompile
 
 JSON_ALLOWED = 40  # allowed tokens per row in a JSON-like mask
 
@@ -55,7 +56,7 @@ def json_like_bitmask(rows: int, vocab: int, rng: np.random.Generator) -> np.nda
 
 def _sync() -> None:
     torch_xla.sync()
-    torch_xla._XLAC._xla_wait_device_ops([])
+    xm.wait_device_ops()
 
 
 def _compiles() -> int:

@@ -37,9 +37,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``ci`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ci.lanes import REPO_ROOT, Lane, LaneError, load_lanes, probe_hardware  # noqa: E402
+from ci.lanes import REPO_ROOT, Lane, LaneError, load_lanes, probe_hardware
 
-__all__ = ["LaneResult", "run_lane", "main", "parse_pytest_summary"]
+__all__ = ["LaneResult", "main", "parse_pytest_summary", "run_lane"]
 
 _STAMP = "portable-guided-lane.json"
 _COUNT_RE = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
@@ -122,10 +122,10 @@ def install_lane(lane: Lane, *, reinstall: bool = False) -> str | None:
     """Create or reuse the lane's venv and install the project into it; returns an error or None."""
     stamp = lane.venv / _STAMP
     fingerprint = _install_fingerprint(lane)
-    if not reinstall and stamp.exists() and _venv_python(lane).exists():
-        if json.loads(stamp.read_text()).get("fingerprint") == fingerprint:
-            print(f"[{lane.name}] reusing {lane.venv.name}/ (declaration unchanged)", flush=True)
-            return None
+    if (not reinstall and stamp.exists() and _venv_python(lane).exists()
+            and json.loads(stamp.read_text()).get("fingerprint") == fingerprint):
+        print(f"[{lane.name}] reusing {lane.venv.name}/ (declaration unchanged)", flush=True)
+        return None
     env = _lane_env(lane)
     if reinstall or not _venv_python(lane).exists():
         status, _, _ = _stream([sys.executable, "-m", "venv", "--clear", str(lane.venv)],

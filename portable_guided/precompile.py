@@ -32,7 +32,7 @@ from .registry import get_platform
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BucketReport", "CompileStats", "PrecompileReport", "precompile", "DTYPES"]
+__all__ = ["DTYPES", "BucketReport", "CompileStats", "PrecompileReport", "precompile"]
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -107,8 +107,9 @@ class PrecompileReport:
 
     def format_table(self) -> str:
         """A short human-readable table, one line per bucket and a total."""
-        lines = [f"precompile: platform={self.platform} device={self.device} dtype={self.dtype} "
-                 f"vocab={self.vocab} cache={self.cache_dir or 'none'}",
+        header = (f"precompile: platform={self.platform} device={self.device} "
+                  f"dtype={self.dtype} vocab={self.vocab} cache={self.cache_dir or 'none'}")
+        lines = [header,
                  f"{'bucket':>7} {'graphs':>7} {'seconds':>8} {'compile s':>10} {'cache':>18}"]
         for bucket in self.buckets:
             lines.append(_bucket_line(bucket))
@@ -171,8 +172,10 @@ class _XlaRuntime:
         )
 
     def sync(self) -> None:
+        import torch_xla.core.xla_model as xm
+
         self._torch_xla.sync()
-        self._torch_xla._XLAC._xla_wait_device_ops([])
+        xm.wait_device_ops()
 
 
 class _EagerRuntime:

@@ -13,10 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 torch_xla = pytest.importorskip("torch_xla")
 
-import portable_guided as pg  # noqa: E402
-from portable_guided import reference_apply_token_mask as reference  # noqa: E402
-
-from tests.xla.xla_support import random_bitmask, xla_counts  # noqa: E402
+import portable_guided as pg
+from portable_guided import reference_apply_token_mask as reference
+from tests.xla.xla_support import random_bitmask, xla_counts
 
 pytestmark = pytest.mark.xla
 

@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 torch_xla = pytest.importorskip("torch_xla")
 
-import portable_guided as pg  # noqa: E402
-from portable_guided.precompile import precompile  # noqa: E402
+import portable_guided as pg
+from portable_guided.precompile import precompile
 
 pytestmark = pytest.mark.xla
 
@@ -102,16 +102,16 @@ def test_eager_static_platform_runs_without_counts() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        (dict(dtype="int8"), ValueError, "dtype must be one of float32, bfloat16, float16, got 'int8'"),
-        (dict(platform="cpu"), ValueError, "'cpu' uses"),
-        (dict(platform="tpu9"), ValueError, "tpu9"),
-        (dict(vocab=0), ValueError, "vocab must be a positive int, got 0"),
-        (dict(max_batch=0), ValueError, "max_batch must be >= 1, got 0"),
-        (dict(platform="static", device="cpu", cache_dir="/tmp/x"), ValueError, "only supported on xla"),
+        ({"dtype": "int8"}, ValueError, "dtype must be one of float32, bfloat16, float16, got 'int8'"),
+        ({"platform": "cpu"}, ValueError, "'cpu' uses"),
+        ({"platform": "tpu9"}, ValueError, "tpu9"),
+        ({"vocab": 0}, ValueError, "vocab must be a positive int, got 0"),
+        ({"max_batch": 0}, ValueError, "max_batch must be >= 1, got 0"),
+        ({"platform": "static", "device": "cpu", "cache_dir": "/tmp/x"}, ValueError, "only supported on xla"),
     ],
 )
 def test_bad_arguments(kwargs, error, message) -> None:
-    args = dict(max_batch=8, vocab=64, progress=False) | kwargs
+    args = {"max_batch": 8, "vocab": 64, "progress": False} | kwargs
     with pytest.raises(error, match=message):
         precompile(**args)
 

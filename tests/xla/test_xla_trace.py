@@ -17,11 +17,10 @@ import pytest
 torch = pytest.importorskip("torch")
 torch_xla = pytest.importorskip("torch_xla")
 
-import portable_guided as pg  # noqa: E402
-from portable_guided.precompile import precompile  # noqa: E402
-from portable_guided.reference import reference_apply_token_mask  # noqa: E402
-
-from tests.xla.xla_support import (  # noqa: E402
+import portable_guided as pg
+from portable_guided.precompile import precompile
+from portable_guided.reference import reference_apply_token_mask
+from tests.xla.xla_support import (
     XlaCounts,
     expected_mask,
     graph_hash,

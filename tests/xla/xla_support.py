@@ -39,7 +39,7 @@ def xla_counts() -> XlaCounts:
     """A snapshot of the process-wide XLA metrics."""
     import torch_xla.debug.metrics as met
 
-    h2d, h2d_bytes = _samples("OutboundData")
+    _, h2d_bytes = _samples("OutboundData")
     d2h, d2h_bytes = _samples("InboundData")
     return XlaCounts(
         compiles=int(met.counter_value("UncachedCompile") or 0),
