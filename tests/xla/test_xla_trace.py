@@ -49,7 +49,8 @@ class Trace:
 
 
 def run_trace(steps: int, dtype: str, *, pad: bool, seed: int) -> Trace:
-    """Run ``steps`` decode steps with random live batches and constrained subsets.
+    """Run ``steps`` decode steps with random live batches, constrained subsets, bitmasks and
+    ``vocab_size``.
 
     ``pad=True`` pads the logits to the bucket of the live batch (what engines must do);
     ``pad=False`` gives the logits exactly the live batch's rows (what breaks static shapes).
@@ -66,13 +67,15 @@ def run_trace(steps: int, dtype: str, *, pad: bool, seed: int) -> Trace:
         count = int(rng.choice([0, live, *rng.integers(1, live + 1, size=8)]))
         constrained = np.sort(rng.choice(live, size=count, replace=False)).tolist()
         bitmask[constrained] = random_bitmask(rng, count, WORDS)
+        # The tokenizer's vocabulary may be narrower than the logits: that must not change the graph.
+        vocab_size = [None, VOCAB, VOCAB - 37][int(rng.integers(3))]
         host = torch.from_numpy(rng.standard_normal((rows, VOCAB), dtype=np.float32))
         host = host.to(getattr(torch, dtype))
         logits = host.to(device)
         torch_xla.sync()  # the logits are device data, as a model step leaves them
 
         before = xla_counts()
-        pg.apply_token_mask(logits, bitmask_view, indices=constrained)
+        pg.apply_token_mask(logits, bitmask_view, indices=constrained, vocab_size=vocab_size)
         if constrained:
             trace.graphs.setdefault(rows, set()).add(graph_hash(logits))
         torch_xla.sync()
@@ -83,7 +86,7 @@ def run_trace(steps: int, dtype: str, *, pad: bool, seed: int) -> Trace:
         trace.compiles += window.compiles
         _check_window(trace, step, live, rows, constrained, window)
         got = logits.cpu().float().numpy()  # outside the window: the test's own read-back
-        want = expected_mask(host.float().numpy(), bitmask, constrained)
+        want = expected_mask(host.float().numpy(), bitmask, constrained, vocab_size)
         if not np.array_equal(got, want):
             trace.violations.append(f"step {step}: values differ from the expected mask")
     return trace
@@ -143,7 +146,8 @@ def test_expected_mask_agrees_with_reference() -> None:
     logits = rng.standard_normal((8, VOCAB), dtype=np.float32)
     bitmask = random_bitmask(rng, 8, WORDS)
     rows = [0, 1, 4, 7]
-    np.testing.assert_array_equal(
-        expected_mask(logits, bitmask, rows),
-        reference_apply_token_mask(logits, bitmask, indices=rows),
-    )
+    for vocab_size in (None, VOCAB - 37):
+        np.testing.assert_array_equal(
+            expected_mask(logits, bitmask, rows, vocab_size),
+            reference_apply_token_mask(logits, bitmask, indices=rows, vocab_size=vocab_size),
+        )

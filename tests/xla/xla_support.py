@@ -68,12 +68,14 @@ def random_bitmask(rng: np.random.Generator, rows: int, words: int) -> np.ndarra
     return mask
 
 
-def expected_mask(logits: np.ndarray, bitmask: np.ndarray, rows) -> np.ndarray:
+def expected_mask(logits: np.ndarray, bitmask: np.ndarray, rows, vocab_size: int | None = None
+                  ) -> np.ndarray:
     """Vectorized check (independent of the kernels): ``logits`` with the tokens that
-    ``bitmask`` disallows in ``rows`` set to -inf, for the logits' full width."""
+    ``bitmask`` disallows in ``rows`` set to -inf, for columns below ``vocab_size`` (default:
+    the logits' full width)."""
     out = logits.copy()
-    width = logits.shape[1]
+    columns = logits.shape[1] if vocab_size is None else vocab_size
     bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little", axis=-1).astype(bool)
     for row in rows:
-        out[row, ~bits[row, :width]] = -np.inf
+        out[row, :columns][~bits[row, :columns]] = -np.inf
     return out
