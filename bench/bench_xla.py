@@ -10,7 +10,8 @@ For each bucket, side by side in one run (medians of ``--repeats``):
   the CPU kernel, and back to the device.
 
 Also the total precompile time of every bucket, and the compilations seen while timing (must
-be 0). Run in the xla-cpu lane's venv (``PJRT_DEVICE=CPU``: XLA's CPU client, so "device" and
+be 0). ``--ab-unpack`` instead times the core's bit unpack against the formulation proposed in
+``docs/xla-static-torch.patch``, interleaved in one process, both through ``apply_token_mask``. Run in the xla-cpu lane's venv (``PJRT_DEVICE=CPU``: XLA's CPU client, so "device" and
 host share memory and the round trip is a lower bound of what it costs over PCIe)::
 
     PJRT_DEVICE=CPU .venv-xla-cpu/bin/python bench/bench_xla.py --json bench/results/xla-cpu.json
@@ -114,6 +115,61 @@ def bench_bucket(rows: int, vocab: int, dtype: torch.dtype, repeats: int,
     }
 
 
+def _proposed_masked_where(table: torch.Tensor, mask: torch.Tensor) -> None:
+    """The candidate of ``docs/xla-static-torch.patch``: broadcast each word to its 32 columns in
+    int32 and test it against a per-column bit table, all in 2-D."""
+    from portable_guided.kernels.static_common import BIT_VALUES
+
+    rows, width = table.shape
+    words = mask.shape[1]
+    key = (str(table.device), width)
+    if key not in _COLUMN_BITS:
+        _COLUMN_BITS[key] = torch.from_numpy(np.resize(BIT_VALUES, width)).to(table.device)
+    per_column = mask.unsqueeze(-1).expand(rows, words, 32).reshape(rows, words * 32)
+    allowed = (per_column[:, :width] & _COLUMN_BITS[key]) != 0
+    table.copy_(torch.where(allowed, table, float("-inf")))
+
+
+_COLUMN_BITS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def ab_unpack(vocab: int, repeats: int, rows_list: tuple[int, ...]) -> list[dict]:
+    """Current vs proposed bit unpack, alternating order each repetition."""
+    from portable_guided.kernels import static_torch
+
+    current = static_torch._masked_where
+    arms = {"current": current, "proposed": _proposed_masked_where}
+    rng = np.random.default_rng(0)
+    device = torch_xla.device()
+    results = []
+    for dtype in (torch.bfloat16, torch.float32):
+        for rows in rows_list:
+            logits = torch.from_numpy(rng.standard_normal((rows, vocab), dtype=np.float32))
+            logits = logits.to(dtype).to(device)
+            bitmask = torch.from_numpy(json_like_bitmask(rows, vocab, rng))
+            _sync()
+            times: dict[str, list[float]] = {name: [] for name in arms}
+            try:
+                for i in range(repeats + 1):
+                    order = list(arms) if i % 2 else list(reversed(arms))
+                    for name in order:
+                        static_torch._masked_where = arms[name]
+                        start = time.perf_counter()
+                        pg.apply_token_mask(logits, bitmask)
+                        _sync()
+                        if i:  # the first round compiles both graphs
+                            times[name].append(time.perf_counter() - start)
+            finally:
+                static_torch._masked_where = current
+            cur, new = (1e3 * statistics.median(times[name]) for name in arms)
+            results.append({"dtype": str(dtype).split(".")[-1], "rows": rows,
+                            "current_ms": round(cur, 3), "proposed_ms": round(new, 3),
+                            "speedup": round(cur / new, 2)})
+            print(f"{results[-1]['dtype']:>9} rows={rows:>4} current={cur:8.2f} ms "
+                  f"proposed={new:8.2f} ms speed-up={cur / new:5.2f}x")
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-batch", type=int, default=256)
@@ -121,7 +177,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--ab-unpack", action="store_true",
+                        help="compare the current bit unpack with the proposed one instead")
     args = parser.parse_args(argv)
+
+    if args.ab_unpack:
+        result = {
+            "benchmark": "bench/bench_xla.py --ab-unpack",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": f"{host_platform.machine()}, {os.cpu_count()} cores, shared with 3 other "
+                       "engineers' jobs (timings are noisy)",
+            "pjrt_device": os.environ["PJRT_DEVICE"],
+            "torch_xla": version("torch_xla"),
+            "vocab": args.vocab,
+            "repeats": args.repeats,
+            "cases": ab_unpack(args.vocab, args.repeats, (8, 64, 256)),
+        }
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(result, f, indent=2)
+        return 0
 
     dtype = getattr(torch, args.dtype)
     report = precompile(max_batch=args.max_batch, vocab=args.vocab, dtype=args.dtype, progress=False)
