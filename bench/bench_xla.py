@@ -10,8 +10,8 @@ For each bucket, side by side in one run (medians of ``--repeats``):
   the CPU kernel, and back to the device.
 
 Also the total precompile time of every bucket, and the compilations seen while timing (must
-be 0). ``--ab-unpack`` instead times the core's bit unpack against the formulation proposed in
-``docs/xla-static-torch.patch``, interleaved in one process, both through ``apply_token_mask``. Run in the xla-cpu lane's venv (``PJRT_DEVICE=CPU``: XLA's CPU client, so "device" and
+be 0). ``--ab-unpack`` instead times the current bit unpack against the previous one (a 3-D
+boolean, before commit 9d45faf), interleaved in one process, both through ``apply_token_mask``. Run in the xla-cpu lane's venv (``PJRT_DEVICE=CPU``: XLA's CPU client, so "device" and
 host share memory and the round trip is a lower bound of what it costs over PCIe)::
 
     PJRT_DEVICE=CPU .venv-xla-cpu/bin/python bench/bench_xla.py --json bench/results/xla-cpu.json
@@ -115,30 +115,29 @@ def bench_bucket(rows: int, vocab: int, dtype: torch.dtype, repeats: int,
     }
 
 
-def _proposed_masked_where(table: torch.Tensor, mask: torch.Tensor) -> None:
-    """The candidate of ``docs/xla-static-torch.patch``: broadcast each word to its 32 columns in
-    int32 and test it against a per-column bit table, all in 2-D."""
+def _boolean_3d_masked_where(table: torch.Tensor, mask: torch.Tensor) -> None:
+    """The bit unpack before commit 9d45faf: a ``(rows, words, 32)`` boolean, reshaped to 2-D
+    and sliced. Kept here to measure what the current 2-D formulation gained."""
     from portable_guided.kernels.static_common import BIT_VALUES
 
-    rows, width = table.shape
-    words = mask.shape[1]
-    key = (str(table.device), width)
-    if key not in _COLUMN_BITS:
-        _COLUMN_BITS[key] = torch.from_numpy(np.resize(BIT_VALUES, width)).to(table.device)
-    per_column = mask.unsqueeze(-1).expand(rows, words, 32).reshape(rows, words * 32)
-    allowed = (per_column[:, :width] & _COLUMN_BITS[key]) != 0
+    key = str(table.device)
+    if key not in _BIT_TABLES:
+        _BIT_TABLES[key] = torch.from_numpy(BIT_VALUES.copy()).to(table.device)
+    allowed = (mask.unsqueeze(-1) & _BIT_TABLES[key]) != 0
+    allowed = allowed.reshape(mask.shape[0], -1)[:, : table.shape[1]]
     table.copy_(torch.where(allowed, table, float("-inf")))
 
 
-_COLUMN_BITS: dict[tuple[str, int], torch.Tensor] = {}
+_BIT_TABLES: dict[str, torch.Tensor] = {}
 
 
 def ab_unpack(vocab: int, repeats: int, rows_list: tuple[int, ...]) -> list[dict]:
-    """Current vs proposed bit unpack, alternating order each repetition."""
+    """The previous bit unpack vs the current one, through ``apply_token_mask``, alternating
+    order each repetition."""
     from portable_guided.kernels import static_torch
 
     current = static_torch._masked_where
-    arms = {"current": current, "proposed": _proposed_masked_where}
+    arms = {"previous": _boolean_3d_masked_where, "current": current}
     rng = np.random.default_rng(0)
     device = torch_xla.device()
     results = []
@@ -161,12 +160,12 @@ def ab_unpack(vocab: int, repeats: int, rows_list: tuple[int, ...]) -> list[dict
                             times[name].append(time.perf_counter() - start)
             finally:
                 static_torch._masked_where = current
-            cur, new = (1e3 * statistics.median(times[name]) for name in arms)
+            old, new = (1e3 * statistics.median(times[name]) for name in arms)
             results.append({"dtype": str(dtype).split(".")[-1], "rows": rows,
-                            "current_ms": round(cur, 3), "proposed_ms": round(new, 3),
-                            "speedup": round(cur / new, 2)})
-            print(f"{results[-1]['dtype']:>9} rows={rows:>4} current={cur:8.2f} ms "
-                  f"proposed={new:8.2f} ms speed-up={cur / new:5.2f}x")
+                            "previous_ms": round(old, 3), "current_ms": round(new, 3),
+                            "speedup": round(old / new, 2)})
+            print(f"{results[-1]['dtype']:>9} rows={rows:>4} previous={old:8.2f} ms "
+                  f"current={new:8.2f} ms speed-up={old / new:5.2f}x")
     return results
 
 
@@ -178,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--ab-unpack", action="store_true",
-                        help="compare the current bit unpack with the proposed one instead")
+                        help="compare the previous bit unpack with the current one instead")
     args = parser.parse_args(argv)
 
     if args.ab_unpack:

@@ -47,8 +47,8 @@ def test_second_process_finds_every_graph_in_the_cache(tmp_path: Path) -> None:
 
     buckets = list(pg.bucket_sizes(MAX_BATCH))
     assert [b["rows"] for b in cold["buckets"]] == buckets
-    # The first process compiles every bucket and writes each graph to the cache.
-    assert first["compiles"] >= len(buckets)
+    # The first process compiles one graph per bucket and writes each to the cache.
+    assert first["compiles"] == len(buckets)
     assert first["cache_misses"] == first["compiles"]
     assert cold["cache_files"] == first["compiles"]
     # The second process looks up the same graphs: their cache keys are stable across
