@@ -1,7 +1,8 @@
 """Benchmark apply_token_mask side by side with xgrammar's kernels and the memory bound.
 
 CPU (default): our CPU kernel vs xgrammar's ``cpu`` and ``torch_native`` backends and an
-in-place read+write of the same logits (``mul_(1.0)``, the bandwidth bound), for every batch,
+in-place read+write of the same logits (the bandwidth bound: ``mul_(1.0)`` on torch's thread
+pool, and a one-thread NumPy ``|= 0`` on the bits, like our kernel), for every batch,
 vocabulary, dtype and mask kind asked for. Logits buffers are rotated so that the set in use
 is larger than the CPU cache; each cell reports the median of its repetitions.
 
@@ -44,7 +45,8 @@ def make_bitmask(kind: str, batch: int, vocab: int, rng: np.random.Generator) ->
     bitmask = np.zeros((batch, words), np.uint32)
     for row in range(batch):
         tokens = rng.choice(vocab, JSON_ALLOWED, replace=False)
-        np.bitwise_or.at(bitmask[row], tokens // 32, np.uint32(1) << (tokens % 32).astype(np.uint32))
+        bits = np.uint32(1) << (tokens % 32).astype(np.uint32)
+        np.bitwise_or.at(bitmask[row], tokens // 32, bits)
     return bitmask.view(np.int32)
 
 
@@ -52,12 +54,22 @@ def implementations(device: str):
     import xgrammar as xgr
 
     def xgr_backend(name):
-        return lambda logits, bitmask: xgr.apply_token_bitmask_inplace(logits, bitmask, backend=name)
+        def apply(logits, bitmask):
+            xgr.apply_token_bitmask_inplace(logits, bitmask, backend=name)
+
+        return apply
+
+    def read_write_one_thread(logits, bitmask):
+        view = logits.view(torch.int16 if logits.element_size() == 2 else torch.int32).numpy()
+        np.bitwise_or(view, 0, out=view)
 
     impls = {
         "ours": lambda logits, bitmask: pg.apply_token_mask(logits, bitmask),
+        # In-place read+write of the same logits: torch (its thread pool) and one thread.
         "read+write": lambda logits, bitmask: logits.mul_(1.0),
     }
+    if device == "cpu":
+        impls["read+write-1t"] = read_write_one_thread
     if device == "cpu":
         impls["xgr-cpu"] = xgr_backend("cpu")
         impls["xgr-torch_native"] = xgr_backend("torch_native")
@@ -73,7 +85,11 @@ def time_cell(fn, buffers, bitmask, device, min_reps, budget_s):
     samples: list[float] = []
     start = time.perf_counter()
     i = 0
-    while len(samples) < min_reps or (time.perf_counter() - start < budget_s and len(samples) < 200):
+    def more() -> bool:
+        in_budget = time.perf_counter() - start < budget_s and len(samples) < 200
+        return len(samples) < min_reps or in_budget
+
+    while more():
         logits = buffers[i % len(buffers)]
         i += 1
         if device == "cuda":
@@ -102,10 +118,13 @@ def main() -> None:
     parser.add_argument("--min-reps", type=int, default=7)
     parser.add_argument("--budget", type=float, default=0.5, help="seconds per cell")
     parser.add_argument("--json", default=None, help="write results here")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     args = parser.parse_args()
     if args.quick:
         args.batches, args.vocabs, args.dtypes = "1,64", "129280", "float32"
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     impls = implementations(args.device)
     if args.impls:
@@ -162,6 +181,8 @@ def format_row(cell: dict, impls: dict) -> str:
                 ratios += f" speedup_vs_{ref}={cell[ref] / ours:5.1f}x"
         if "read+write" in cell:
             ratios += f" ours/rw={ours / cell['read+write']:4.2f}"
+        if "read+write-1t" in cell:
+            ratios += f" ours/rw1t={ours / cell['read+write-1t']:4.2f}"
     return f"{head} {times}{ratios}"
 
 

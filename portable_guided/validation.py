@@ -177,7 +177,8 @@ def plan_mask(
             )
         unique, counts = np.unique(rows, return_counts=True)
         if unique.size != rows.size:
-            raise ValueError(f"indices must be unique, got duplicates {unique[counts > 1][:8].tolist()}")
+            duplicates = unique[counts > 1][:8].tolist()
+            raise ValueError(f"indices must be unique, got duplicates {duplicates}")
 
     return MaskPlan(
         batch=batch,

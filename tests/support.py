@@ -25,6 +25,17 @@ def frameworks() -> list[str]:
     return ["numpy"] + (["torch"] if HAS_TORCH else []) + (["paddle"] if HAS_PADDLE else [])
 
 
+def framework_params(include_numpy: bool = True) -> list:
+    """Frameworks installed here as pytest params, marked ``torch``/``paddle`` so each CI lane
+    selects its own."""
+    params = [pytest.param("numpy", id="numpy")] if include_numpy else []
+    if HAS_TORCH:
+        params.append(pytest.param("torch", id="torch", marks=pytest.mark.torch))
+    if HAS_PADDLE:
+        params.append(pytest.param("paddle", id="paddle", marks=pytest.mark.paddle))
+    return params
+
+
 def make(array: np.ndarray, framework: str, dtype: str | None = None, device: str = "cpu"):
     """A tensor of ``framework`` holding ``array`` (cast to ``dtype``), on ``device``."""
     dtype = dtype or str(array.dtype)

@@ -4,12 +4,14 @@ import numpy as np
 import pytest
 
 from portable_guided.dlpack import host_bits, to_paddle, to_torch
-from tests.support import HAS_PADDLE, HAS_TORCH, make
+from tests.support import HAS_PADDLE, HAS_TORCH, framework_params, make
 
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 needs_paddle = pytest.mark.skipif(not HAS_PADDLE, reason="paddle is not installed")
 
 
+@pytest.mark.paddle
+@pytest.mark.torch
 @needs_torch
 @needs_paddle
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
@@ -27,6 +29,8 @@ def test_paddle_to_torch_shares_memory(dtype):
     assert tensor.dtype == getattr(torch, dtype)
 
 
+@pytest.mark.paddle
+@pytest.mark.torch
 @needs_torch
 @needs_paddle
 def test_torch_to_paddle_shares_memory():
@@ -39,6 +43,7 @@ def test_torch_to_paddle_shares_memory():
     assert tensor[0, 1].item() == 2.0
 
 
+@pytest.mark.torch
 @needs_torch
 def test_numpy_to_torch_shares_memory():
     array = np.zeros((2, 5), np.float32)
@@ -47,8 +52,7 @@ def test_numpy_to_torch_shares_memory():
     assert array[1, 3] == 7.0 and tensor.data_ptr() == array.ctypes.data
 
 
-@pytest.mark.parametrize("framework", ["numpy"] + (["torch"] if HAS_TORCH else [])
-                         + (["paddle"] if HAS_PADDLE else []))
+@pytest.mark.parametrize("framework", framework_params())
 @pytest.mark.parametrize("dtype,pattern", [("float32", 0xFF800000), ("float16", 0xFC00)])
 def test_host_bits_writes_reach_the_tensor(framework, dtype, pattern):
     wide = make(np.ones((2, 8), np.float32), framework, dtype)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import portable_guided as pg
-from tests.support import HAS_TORCH, frameworks, make, to_f32
+from tests.support import HAS_TORCH, framework_params, make, to_f32
 
 CASES = [
     # (description, logits shape, logits dtype, bitmask shape, bitmask dtype, kwargs, error, text)
@@ -20,7 +20,8 @@ CASES = [
     ("row mismatch", (3, 40), "float32", (2, 2), "int32", {}, ValueError, "2 bitmask rows for 3"),
     ("index too big", (3, 40), "float32", (2, 2), "int32", {"indices": [0, 2]}, ValueError,
      r"\[2\] out of range \[0, 2\)"),
-    ("negative index", (3, 40), "float32", (3, 2), "int32", {"indices": [-1]}, ValueError, r"\[-1\]"),
+    ("negative index", (3, 40), "float32", (3, 2), "int32", {"indices": [-1]}, ValueError,
+     r"\[-1\]"),
     ("duplicate index", (3, 40), "float32", (3, 2), "int32", {"indices": [1, 0, 1]}, ValueError,
      r"duplicates \[1\]"),
     ("float indices", (3, 40), "float32", (3, 2), "int32", {"indices": [0.5]}, TypeError, "float"),
@@ -37,7 +38,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("framework", frameworks())
+@pytest.mark.parametrize("framework", framework_params())
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_raises_and_leaves_logits_untouched(framework, case):
     _, shape, dtype, bitmask_shape, bitmask_dtype, kwargs, error, text = case
@@ -87,6 +88,7 @@ def test_exact_width_does_not_warn():
         pg.apply_token_mask(np.zeros((1, 64), np.float32), np.zeros((1, 2), np.int32))
 
 
+@pytest.mark.torch
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 def test_bitmask_on_another_device_is_rejected():
     import torch

@@ -16,11 +16,13 @@ from hypothesis import strategies as st
 
 import portable_guided as pg
 from portable_guided import reference_apply_token_mask as reference
-
 from tests.support import frameworks, make, to_f32
 
-IMPLEMENTATIONS = [(fw, None) for fw in frameworks()] + [
-    (fw, "static") for fw in frameworks() if fw != "numpy"
+IMPLEMENTATIONS = [
+    pytest.param(fw, platform, id=f"{fw}-{platform or 'auto'}",
+                 marks=[getattr(pytest.mark, fw)] if fw != "numpy" else [])
+    for fw in frameworks() for platform in (None, "static")
+    if fw != "numpy" or platform is None
 ]
 DTYPES = {"numpy": ["float32", "float16"], "torch": ["float32", "float16", "bfloat16"],
           "paddle": ["float32", "float16", "bfloat16"]}
@@ -78,7 +80,7 @@ def _logits(case, framework):
     return wide, view
 
 
-@pytest.mark.parametrize("framework,platform", IMPLEMENTATIONS, ids=lambda v: str(v))
+@pytest.mark.parametrize("framework,platform", IMPLEMENTATIONS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_matches_reference(framework, platform, data):
@@ -112,7 +114,7 @@ def test_matches_reference(framework, platform, data):
     np.testing.assert_array_equal(after_wide[outside], before_wide[outside])
 
 
-@pytest.mark.parametrize("framework,platform", IMPLEMENTATIONS, ids=lambda v: str(v))
+@pytest.mark.parametrize("framework,platform", IMPLEMENTATIONS)
 @pytest.mark.parametrize("kind", ["sparse", "random", "mixed"])
 def test_large_vocab_matches_reference(framework, platform, kind):
     """A real vocabulary width exercises the sparse and dense paths at scale."""

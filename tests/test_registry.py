@@ -13,14 +13,12 @@ import pytest
 import portable_guided as pg
 from portable_guided.platform import Platform
 from portable_guided.registry import PlatformRegistry
-from tests.support import HAS_PADDLE, HAS_TORCH, make
+from tests.support import HAS_TORCH, framework_params, make
 
 HOST = "portable_guided.kernels.host:apply_host"
 
 
-@pytest.mark.parametrize(
-    "framework", ["numpy"] + (["torch"] if HAS_TORCH else []) + (["paddle"] if HAS_PADDLE else [])
-)
+@pytest.mark.parametrize("framework", framework_params())
 def test_cpu_logits_go_to_the_cpu_platform(framework):
     resolution = pg.resolve(make(np.zeros((2, 8), np.float32), framework))
     assert (resolution.platform.name, resolution.framework, resolution.device_type) == (
@@ -29,6 +27,7 @@ def test_cpu_logits_go_to_the_cpu_platform(framework):
     assert resolution.forced_by is None
 
 
+@pytest.mark.torch
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 def test_unclaimed_device_falls_back_to_static_shapes():
     import torch
@@ -37,6 +36,7 @@ def test_unclaimed_device_falls_back_to_static_shapes():
     assert resolution.platform.name == "static" and resolution.strategy == "static shapes"
 
 
+@pytest.mark.torch
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 def test_argument_and_environment_force_a_platform(monkeypatch):
     import torch
@@ -50,6 +50,7 @@ def test_argument_and_environment_force_a_platform(monkeypatch):
     assert pg.resolve(logits, platform="cpu").platform.name == "cpu"  # argument wins
 
 
+@pytest.mark.torch
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 def test_platform_that_cannot_serve_the_device():
     import torch
@@ -96,7 +97,7 @@ def test_missing_framework_gives_an_install_hint():
 
 def test_fake_entry_point_plugin_is_found_and_used(tmp_path):
     """A real entry point, from a real (tiny) installed distribution on sys.path."""
-    (tmp_path / "fake_plugin.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "fake_plugin.py").write_text(textwrap.dedent("""
         from portable_guided.platform import Platform
         CALLS = []
         def kernel(logits, bitmask, plan):
@@ -104,7 +105,7 @@ def test_fake_entry_point_plugin_is_found_and_used(tmp_path):
             CALLS.append(plan.batch)
             return apply_host(logits, bitmask, plan)
         PLATFORM = Platform(name="fakeplat", description="a plugin", device_types=("fakedev",),
-                            kernels={{"numpy": "fake_plugin:kernel"}}, strategy="plugin",
+                            kernels={"numpy": "fake_plugin:kernel"}, strategy="plugin",
                             static_shapes=True)  # so it may be forced onto CPU arrays
     """))
     dist = tmp_path / "fake_plugin-1.0.dist-info"

@@ -8,6 +8,7 @@ the call waits for the device.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -24,16 +25,22 @@ class PinnedStaging:
     """Two pinned host buffers used in turn for host-to-device copies.
 
     A buffer is refilled only after the copy issued from it two calls earlier has finished
-    (its event), which in a decode loop has always happened long before.
+    (its event), which in a decode loop has always happened long before. Safe to share
+    between threads.
     """
 
     def __init__(self) -> None:
         self._buffers: list[torch.Tensor | None] = [None, None]
         self._events: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
+        self._lock = threading.Lock()
 
     def to_device(self, host: np.ndarray, device: torch.device) -> torch.Tensor:
         """Copy a 1-D int32 array to ``device`` without blocking; returns the device tensor."""
+        with self._lock:
+            return self._to_device(host, device)
+
+    def _to_device(self, host: np.ndarray, device: torch.device) -> torch.Tensor:
         turn, self._turn = self._turn, self._turn ^ 1
         if self._events[turn] is not None:
             self._events[turn].synchronize()

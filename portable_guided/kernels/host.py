@@ -30,7 +30,6 @@ NEG_INF_BITS = {"float32": 0xFF800000, "float16": 0xFC00, "bfloat16": 0xFF80}
 SPARSE_RATIO = 16
 
 _ALL_ONES = np.uint32(0xFFFFFFFF)
-_BIT_OFFSETS = np.arange(32, dtype=np.int64)
 
 
 def apply_host(logits: Any, bitmask: Any, plan: MaskPlan) -> Any:
@@ -47,10 +46,11 @@ def apply_host_arrays(bits: np.ndarray, bitmask: np.ndarray, plan: MaskPlan) -> 
     rows = plan.masked_rows
     table = _selected_words(bitmask.reshape(plan.bitmask_rows, plan.bitmask_words), plan, words)
 
-    live = ~(table == _ALL_ONES).all(axis=1)
-    if not live.any():
-        return
-    table, rows = table[live], rows[live]
+    live = table.min(axis=1) != _ALL_ONES
+    if not live.all():
+        if not live.any():
+            return
+        table, rows = table[live], rows[live]
     # One pass finds every nonzero word; it both sizes the rows and feeds the sparse path.
     flat = np.flatnonzero(table != 0)
     values = table.ravel()[flat]
@@ -82,6 +82,8 @@ def _selected_words(bitmask: np.ndarray, plan: MaskPlan, words: int) -> np.ndarr
 
 def _row_runs(rows: np.ndarray) -> list[tuple[int, int]]:
     """Sorted row indices grouped into [start, stop) runs of consecutive rows."""
+    if rows[-1] - rows[0] + 1 == rows.size:  # the usual case: one run
+        return [(int(rows[0]), int(rows[-1]) + 1)]
     breaks = np.flatnonzero(np.diff(rows) != 1) + 1
     starts = np.concatenate(([0], breaks))
     stops = np.concatenate((breaks, [rows.size]))
@@ -106,15 +108,30 @@ def _apply_sparse(
     unpacked = np.unpackbits(
         values.astype("<u4", copy=False).view(np.uint8).reshape(-1, 4), axis=1, bitorder="little"
     )
-    set_bits = unpacked.view(bool)
-    cols = (word[:, None] * 32 + _BIT_OFFSETS)[set_bits]
-    row_of = np.broadcast_to(rows[local_row][:, None], set_bits.shape)[set_bits]
+    set_bit = np.flatnonzero(unpacked.view(bool))  # index into (nonzero word, bit)
+    of_word = set_bit // 32
+    cols = word[of_word] * 32 + set_bit % 32
+    row_of = rows[local_row[of_word]]
     keep = cols < vocab  # bits past vocab were only set to mark them allowed
     cols, row_of = cols[keep], row_of[keep]
-    saved = bits[row_of, cols]
+    flat, where = _flat_view(bits, row_of, cols)
+    saved = flat[where]
     for start, stop in _row_runs(np.sort(rows[sparse])):
         bits[start:stop, :vocab] = neg
-    bits[row_of, cols] = saved
+    flat[where] = saved
+
+
+def _flat_view(bits: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, Any]:
+    """A 1-D view over the rows' memory and indices into it (1-D fancy indexing is several
+    times faster than 2-D); falls back to 2-D indices for unusual strides."""
+    item = bits.itemsize
+    row_stride, col_stride = bits.strides
+    if col_stride != item or row_stride % item or row_stride < bits.shape[1] * item:
+        return bits, (rows, cols)
+    step = row_stride // item
+    span = (bits.shape[0] - 1) * step + bits.shape[1]
+    flat = np.lib.stride_tricks.as_strided(bits, shape=(span,), strides=(item,))
+    return flat, rows * step + cols
 
 
 def _apply_dense_row(row: np.ndarray, row_words: np.ndarray, vocab: int, neg: np.generic) -> None:

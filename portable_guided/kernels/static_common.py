@@ -24,11 +24,11 @@ def device_words(width: int) -> int:
     return -(-width // 32)
 
 
-def column_allow_words(plan: MaskPlan) -> np.ndarray:
-    """Per word, the bits that must read as allowed because their column is past
-    ``vocab_size`` (int32, length ``device_words(plan.width)``)."""
-    out = np.zeros(device_words(plan.width), dtype=np.uint32)
-    first_word, tail = divmod(plan.vocab_size, 32)
+def column_allow_words(vocab_size: int, width: int) -> np.ndarray:
+    """Per word, the bits that must read as allowed because their column is at or past
+    ``vocab_size`` (int32, length ``device_words(width)``)."""
+    out = np.zeros(device_words(width), dtype=np.uint32)
+    first_word, tail = divmod(vocab_size, 32)
     if tail:
         out[first_word] = np.uint32((0xFFFFFFFF << tail) & 0xFFFFFFFF)
         first_word += 1
@@ -36,7 +36,9 @@ def column_allow_words(plan: MaskPlan) -> np.ndarray:
     return out.view(np.int32)
 
 
-def expand_bitmask(bitmask: np.ndarray, plan: MaskPlan, out: np.ndarray | None = None) -> np.ndarray:
+def expand_bitmask(
+    bitmask: np.ndarray, plan: MaskPlan, out: np.ndarray | None = None
+) -> np.ndarray:
     """The device-ready host bitmask: shape ``(plan.batch, device_words(plan.width))``.
 
     ``out`` may be a reusable buffer of that shape (for instance pinned memory).
@@ -52,5 +54,5 @@ def expand_bitmask(bitmask: np.ndarray, plan: MaskPlan, out: np.ndarray | None =
     else:
         out.fill(-1)
         out[plan.rows, :used] = table[plan.rows, :used]
-    out |= column_allow_words(plan)
+    out |= column_allow_words(plan.vocab_size, plan.width)
     return out

@@ -25,14 +25,15 @@ _NEG_INF_BITS = {
     "bfloat16": ("int16", -128),  # 0xFF80
 }
 
-_bit_tables: dict[str, paddle.Tensor] = {}
+_column_bits_cache: dict[tuple[str, int], paddle.Tensor] = {}
 
 
-def _bit_table(place: Any) -> paddle.Tensor:
-    key = str(place)
-    if key not in _bit_tables:
-        _bit_tables[key] = paddle.to_tensor(BIT_VALUES.copy(), place=place)
-    return _bit_tables[key]
+def _column_bits(place: Any, width: int) -> paddle.Tensor:
+    """Per logits column, its bit's value within its word (int32, length ``width``)."""
+    key = (str(place), width)
+    if key not in _column_bits_cache:
+        _column_bits_cache[key] = paddle.to_tensor(np.resize(BIT_VALUES, width), place=place)
+    return _column_bits_cache[key]
 
 
 def apply_static_paddle(logits: paddle.Tensor, bitmask: Any, plan: MaskPlan) -> paddle.Tensor:
@@ -43,8 +44,10 @@ def apply_static_paddle(logits: paddle.Tensor, bitmask: Any, plan: MaskPlan) -> 
         mask = paddle.to_tensor(expand_bitmask(host_int32(bitmask), plan), place=place)
     else:
         mask = _expand_on_device(bitmask, plan, place)
-    allowed = paddle.bitwise_and(mask.unsqueeze(-1), _bit_table(place)) != 0
-    allowed = allowed.reshape([plan.batch, -1])[:, : plan.width]
+    words = mask.shape[1]
+    # Each column reads its word by broadcasting, then one 2-D bit test (fuses on devices).
+    per_column = mask.unsqueeze(-1).expand([plan.batch, words, 32]).reshape([plan.batch, -1])
+    allowed = paddle.bitwise_and(per_column[:, : plan.width], _column_bits(place, plan.width)) != 0
     bits_dtype, neg_bits = _NEG_INF_BITS[plan.dtype]
     bits = paddle.view(table, bits_dtype)
     keep = -paddle.cast(allowed, bits_dtype)  # allowed -> all ones, masked -> 0
@@ -61,9 +64,11 @@ def _expand_on_device(bitmask: paddle.Tensor, plan: MaskPlan, place: Any) -> pad
         mask = paddle.concat([mask, paddle.full([mask.shape[0], pad_words], -1, "int32")], 1)
     if pad_rows:
         mask = paddle.concat([mask, paddle.full([pad_rows, words], -1, "int32")], 0)
-    mask = paddle.bitwise_or(mask, paddle.to_tensor(column_allow_words(plan), place=place))
+    allow = column_allow_words(plan.vocab_size, plan.width)
+    mask = paddle.bitwise_or(mask, paddle.to_tensor(allow, place=place))
     if plan.rows is not None:
         selected = np.zeros((plan.batch, 1), dtype=bool)
         selected[plan.rows] = True
-        mask = paddle.where(paddle.to_tensor(selected, place=place), mask, paddle.full([], -1, "int32"))
+        selector = paddle.to_tensor(selected, place=place)
+        mask = paddle.where(selector, mask, paddle.full([], -1, "int32"))
     return mask
