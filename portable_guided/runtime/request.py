@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import GrammarError, GrammarNotReady, GrammarRejectedToken
+from .errors import GrammarNotReady, GrammarRejectedToken
 
 if TYPE_CHECKING:
     from .compile_service import CompiledGrammar
@@ -95,6 +95,7 @@ class Request:
         self._think_progress = 0
         self.num_rejected = 0
         self._serial = runtime._next_serial()
+        self._ready_event = threading.Event()
         self._future = future
         future.add_done_callback(self._on_compiled)
 
@@ -135,14 +136,21 @@ class Request:
         return len(self._log)
 
     def wait(self, timeout: float | None = None) -> Request:
-        """Block until the compile finished; returns ``self`` (errors stay in ``error``)."""
-        try:
-            self._future.result(timeout)
-        except GrammarError:
-            pass
+        """Block until the compile finished; returns ``self`` (errors stay in ``error``).
+
+        Raises ``TimeoutError`` if the compile is still running after ``timeout`` seconds.
+        """
+        if not self._ready_event.wait(timeout):
+            raise TimeoutError(f"grammar still compiling after {timeout} s")
         return self
 
     def _on_compiled(self, fut: Future[CompiledGrammar]) -> None:
+        try:
+            self._install(fut)
+        finally:
+            self._ready_event.set()
+
+    def _install(self, fut: Future[CompiledGrammar]) -> None:
         with self._lock:
             exc = fut.exception()
             if exc is not None:
@@ -422,10 +430,9 @@ class Request:
 
     async def await_ready(self) -> Request:
         """Await the compile without blocking the event loop."""
-        try:
-            await asyncio.wrap_future(self._future)
-        except GrammarError:
-            pass
+        if not self._ready_event.is_set():
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._rt._executor, self._ready_event.wait)
         return self
 
 

@@ -92,7 +92,8 @@ class GrammarSpec:
             )
         if validate:
             _validate_schema(schema)
-        text = json.dumps(schema, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        # Key order is kept: engines generate properties in schema order.
+        text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
         return cls("json_schema", text, (("any_whitespace", bool(any_whitespace)),))
 
     @classmethod
@@ -177,8 +178,7 @@ class GrammarSpec:
             except GrammarSpecError:
                 raise
             clean.append({"begin": tag["begin"], "schema": tag["schema"], "end": tag["end"]})
-        text = json.dumps({"tags": clean, "triggers": list(triggers)}, sort_keys=True,
-                          ensure_ascii=False)
+        text = json.dumps({"tags": clean, "triggers": list(triggers)}, ensure_ascii=False)
         return cls("structural_tag", text)
 
 

