@@ -195,6 +195,7 @@ class CompileService:
         t0 = time.perf_counter()
         if self._pool is None:
             try:
+                spec.run_deferred_check()
                 grammar = engine.compile(spec)
             except UnsupportedSpec as exc:
                 raise GrammarCompileError(f"unsupported spec: {exc}", engine=name) from exc

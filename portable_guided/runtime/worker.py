@@ -34,7 +34,7 @@ WorkerReply = tuple[str, Any, float]
 
 
 def main() -> None:
-    """Entry point of a worker process: ``python -m portable_guided.runtime.worker RFD WFD``.
+    """Entry point of a worker process (``python -m portable_guided.runtime._worker_entry``).
 
     The worker is a fresh interpreter (not a fork, so none of the parent's threads or
     locks come along, and not ``multiprocessing`` spawn, which would re-run the caller's
@@ -89,7 +89,9 @@ def _serve(conn: Any, engines_spec: dict[str, tuple[str, str, Any]],
         t0 = time.perf_counter()
         try:
             engine = engines[engine_name]
-            compiled = engine.compile(GrammarSpec.from_dict(spec_dict))
+            spec = GrammarSpec.from_dict(spec_dict)
+            spec.run_deferred_check()
+            compiled = engine.compile(spec)
             seconds = time.perf_counter() - t0
             text = engine.serialize(compiled) if serialize_always or seconds >= local_below_s else None
             conn.send((job_id, ("ok", text, seconds)))
@@ -129,7 +131,7 @@ def _start_worker() -> _Worker:
     )
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "portable_guided.runtime.worker", str(p2c_r), str(c2p_w)],
+            [sys.executable, "-m", "portable_guided.runtime._worker_entry", str(p2c_r), str(c2p_w)],
             pass_fds=(p2c_r, c2p_w), env=env, stdin=subprocess.DEVNULL,
         )
     finally:
@@ -257,7 +259,3 @@ class WorkerPool:
             self._all.discard(worker)
         worker.kill()
         self._spawn_async()
-
-
-if __name__ == "__main__":
-    main()

@@ -61,3 +61,15 @@ def test_bad_inputs():
     assert info.value.pointer.startswith("/tags/0/schema")
     with pytest.raises(ValueError, match="unknown spec kind 'xml'"):
         GrammarSpec("xml", "")
+
+
+def test_large_schema_checked_in_compile_job(runtimes):
+    # Validating a huge schema takes seconds: it is deferred to the compile job (under the
+    # time limit) instead of blocking the caller, and still reported with its pointer.
+    props = {f"p{i}": {"type": "string", "description": "x" * 100} for i in range(700)}
+    props["p5"] = {"type": "strng"}
+    spec = GrammarSpec.json_schema({"type": "object", "properties": props})
+    assert spec.deferred_check
+    req = runtimes["xgrammar"].new_request(spec).wait(60)
+    assert req.failed and "invalid JSON schema" in str(req.error)
+    assert "/properties/p5/type" in str(req.error)
