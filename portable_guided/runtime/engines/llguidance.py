@@ -12,8 +12,18 @@ from .base import Engine, Matcher, UnsupportedSpec
 __all__ = ["LLGuidanceEngine", "LLGuidanceMatcher", "bitmask_pointer"]
 
 
+# The last NumPy bitmask seen and its (address, rows, words): engines fill the same buffer
+# step after step, and reading an array's address costs more than computing a mask row.
+# Holding the reference keeps the address valid (NumPy refuses to resize a referenced array).
+_last_numpy: tuple[Any, int, int, int] = (None, 0, 0, 0)
+
+
 def bitmask_pointer(bitmask: Any) -> tuple[int, int, int]:
     """(address, rows, words) of a C-contiguous int32 CPU bitmask (NumPy or Torch)."""
+    global _last_numpy
+    last = _last_numpy
+    if last[0] is bitmask:
+        return last[1], last[2], last[3]
     shape = tuple(bitmask.shape)
     if len(shape) != 2:
         raise ValueError(f"bitmask must be 2-D (rows, words), got shape {shape}")
@@ -23,7 +33,8 @@ def bitmask_pointer(bitmask: Any) -> tuple[int, int, int]:
                 f"bitmask must be C-contiguous int32, got {bitmask.dtype} "
                 f"contiguous={bitmask.flags['C_CONTIGUOUS']}"
             )
-        return int(bitmask.ctypes.data), shape[0], shape[1]
+        _last_numpy = (bitmask, int(bitmask.ctypes.data), shape[0], shape[1])
+        return _last_numpy[1], shape[0], shape[1]
     if hasattr(bitmask, "data_ptr"):  # Torch
         if str(bitmask.dtype) != "torch.int32" or not bitmask.is_contiguous() or (
             bitmask.device.type != "cpu"
