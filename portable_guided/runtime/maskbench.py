@@ -25,7 +25,7 @@ from .specs import GrammarSpec
 from .tokenizer_info import TokenizerInfo
 from .worker import WorkerPool
 
-__all__ = ["load_records", "run_mode", "summarize", "MODES"]
+__all__ = ["MODES", "load_records", "run_mode", "summarize"]
 
 MODES = ("runtime:xgrammar", "runtime:llguidance", "runtime:auto", "raw:xgrammar",
          "raw:llguidance")

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .engines.base import Engine, Matcher
     from .runtime import GrammarRuntime
 
-__all__ = ["Request", "ReasoningConfig", "ON_ERROR_POLICIES"]
+__all__ = ["ON_ERROR_POLICIES", "ReasoningConfig", "Request"]
 
 #: What a rejected token does. ``raise`` (default, fails closed): the request fails with
 #: :class:`GrammarRejectedToken`, its row then allows only stop tokens, the rest of the batch
@@ -160,7 +160,7 @@ class Request:
             self._engine = compiled.engine
             try:
                 self._matcher = compiled.engine.new_matcher(compiled.grammar)
-            except Exception as err:  # pragma: no cover - engine bug
+            except Exception as err:  # noqa: BLE001 - an engine bug fails only this request
                 self._fail(err)
                 return
             self._state = ACTIVE
@@ -230,11 +230,10 @@ class Request:
         if self.on_error == "raise":
             self._fail(error)
             raise error
-        if self.on_error == "terminate":
-            if not self._forced_stop:
-                self._forced_stop = True
-                self._error = error
-                self._rt.metrics_sink.inc("forced_stops")
+        if self.on_error == "terminate" and not self._forced_stop:
+            self._forced_stop = True
+            self._error = error
+            self._rt.metrics_sink.inc("forced_stops")
         return False
 
     def _reject_detail(self, token: int) -> str:

@@ -245,7 +245,7 @@ class GrammarRuntime:
         """Stop the compile workers and threads (also done at garbage collection)."""
         self._finalizer()
 
-    def __enter__(self) -> GrammarRuntime:
+    def __enter__(self) -> GrammarRuntime:  # noqa: PYI034 - final class in practice
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import GrammarSpecError
 
-__all__ = ["GrammarSpec", "SPEC_KINDS"]
+__all__ = ["SPEC_KINDS", "GrammarSpec"]
 
 SPEC_KINDS = ("json_schema", "any_json", "regex", "ebnf", "choice", "structural_tag")
 
@@ -190,10 +190,7 @@ class GrammarSpec:
                     f"tag {i} begin {tag['begin']!r} starts with none of the triggers "
                     f"{list(triggers)!r}", pointer=f"/tags/{i}/begin",
                 )
-            try:
-                _validate_schema(tag["schema"], base=f"/tags/{i}/schema")
-            except GrammarSpecError:
-                raise
+            _validate_schema(tag["schema"], base=f"/tags/{i}/schema")
             clean.append({"begin": tag["begin"], "schema": tag["schema"], "end": tag["end"]})
         text = json.dumps({"tags": clean, "triggers": list(triggers)}, ensure_ascii=False)
         return cls("structural_tag", text)

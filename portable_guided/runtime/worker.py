@@ -18,8 +18,8 @@ import subprocess
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 from .errors import GrammarCompileError, GrammarTimeout
@@ -97,13 +97,13 @@ def _serve(conn: Any, engines_spec: dict[str, tuple[str, str, Any]],
             conn.send((job_id, ("ok", text, seconds)))
         except UnsupportedSpec as exc:
             conn.send((job_id, ("unsupported", str(exc), time.perf_counter() - t0)))
-        except Exception as exc:  # the engine's own diagnosis goes back to the request
+        except Exception as exc:  # noqa: BLE001 - the engine's diagnosis goes to the request
             conn.send((job_id, ("error", f"{type(exc).__name__}: {exc}",
                                 time.perf_counter() - t0)))
 
 
 class _Worker:
-    __slots__ = ("proc", "conn")
+    __slots__ = ("conn", "proc")
 
     def __init__(self, proc: Any, conn: Any) -> None:
         self.proc = proc
@@ -192,7 +192,7 @@ class WorkerPool:
                 worker.kill()
                 raise RuntimeError(f"compile worker did not start in {self._start_timeout_s} s")
             worker.conn.recv()
-        except BaseException as exc:  # reported by run() to the compile that waits
+        except BaseException as exc:  # noqa: BLE001 - reported by run() to the waiting compile
             log.error("compile worker failed to start: %s", exc)
             self.start_error = exc
             return

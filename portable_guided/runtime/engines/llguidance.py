@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,7 +56,7 @@ class LLGuidanceMatcher(Matcher):
     accepted when the grammar is in an accepting state.
     """
 
-    __slots__ = ("_m", "_stops", "_stopped")
+    __slots__ = ("_m", "_stopped", "_stops")
 
     def __init__(self, matcher: Any, stop_token_ids: frozenset[int]) -> None:
         self._m = matcher
@@ -76,9 +77,8 @@ class LLGuidanceMatcher(Matcher):
         if n and self._stopped:
             self._stopped = False
             n -= 1
-        if n:
-            if not self._m.rollback(n):
-                raise RuntimeError(f"llguidance rollback of {n} failed: {self._m.get_error()}")
+        if n and not self._m.rollback(n):
+            raise RuntimeError(f"llguidance rollback of {n} failed: {self._m.get_error()}")
 
     def fill(self, bitmask: Any, row: int) -> None:
         ptr, _rows, words = bitmask_pointer(bitmask)
@@ -110,6 +110,7 @@ class LLGuidanceEngine(Engine):
         self.tokenizer = lltokenizer
         self._stops = frozenset(int(t) for t in lltokenizer.eos_tokens)
         self._executor = llg.LLExecutor(max(1, int(fill_threads)))
+        self._batch_lock = threading.Lock()  # one batch fill at a time per executor
 
     @staticmethod
     def version() -> str:
@@ -178,7 +179,8 @@ class LLGuidanceEngine(Engine):
     ) -> None:
         ptr, nrows, words = bitmask_pointer(bitmask)
         pairs = [(m._m, int(r)) for m, r in zip(matchers, rows)]  # type: ignore[attr-defined]
-        self._executor.unsafe_compute_mask_ptr(pairs, ptr, words * 4, nrows)
+        with self._batch_lock:
+            self._executor.unsafe_compute_mask_ptr(pairs, ptr, words * 4, nrows)
 
 
 class _Compiled:
