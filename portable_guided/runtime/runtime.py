@@ -34,7 +34,9 @@ class GrammarRuntime:
     the engines of ``auto_order`` in turn when one rejects or times out on a spec);
     ``compile_timeout_s`` is a real limit (the compile runs in one of ``compile_workers``
     worker processes, killed at the deadline), ``None`` compiles in threads without a
-    limit; ``fill_threads`` threads fill a batch; ``cache_bytes`` bounds the in-memory cache
+    limit; ``fill_threads`` threads fill a batch whose masks are estimated to cost at least
+    ``parallel_fill_min_us`` (cheaper steps are filled in the calling thread, since handing
+    them to threads costs more than it saves); ``cache_bytes`` bounds the in-memory cache
     of compiled grammars; ``disk_cache_dir`` enables the on-disk cache shared by processes
     and tensor-parallel ranks; failed compiles are remembered for ``failure_ttl_s``.
     """
@@ -52,6 +54,7 @@ class GrammarRuntime:
         failure_ttl_s: float = 30.0,
         auto_order: tuple[str, ...] = ("llguidance", "xgrammar"),
         local_recompile_below_s: float = 0.1,
+        parallel_fill_min_us: float = 400.0,
     ) -> None:
         if isinstance(tokenizer_info, str):
             tokenizer_info = load_tokenizer_info(tokenizer_info)
@@ -63,6 +66,10 @@ class GrammarRuntime:
         if not isinstance(fill_threads, int) or fill_threads < 1:
             raise ValueError(f"fill_threads must be an int >= 1, got {fill_threads!r}")
         self.info = tokenizer_info
+        self.fill_threads = fill_threads
+        self.parallel_fill_min_s = parallel_fill_min_us * 1e-6
+        # Moving average of one row's fill time (seconds, as if filled by one thread).
+        self._row_cost = 0.0
         self.metrics_sink = Metrics()
         self._service = CompileService(
             tokenizer_info, engine=engine, auto_order=auto_order, timeout_s=compile_timeout_s,
@@ -184,8 +191,24 @@ class GrammarRuntime:
                     group = groups[id(engine)] = (engine, [], [])
                 group[1].append(matcher)
                 group[2].append(row_list[i])
+            t_fill = time.perf_counter()
+            n_rows = sum(len(g[1]) for g in groups.values())
+            # Threads pay off only when the step's masks cost more than the handoff to the
+            # engine's thread pool (a few hundred us); cheap steps are filled in this thread.
+            threaded = (self.fill_threads > 1 and n_rows > 1
+                        and self._row_cost * n_rows >= self.parallel_fill_min_s)
             for engine, matchers, rws in groups.values():
-                engine.fill_batch(matchers, bm, rws)
+                if threaded:
+                    engine.fill_batch(matchers, bm, rws)
+                else:
+                    for matcher, row in zip(matchers, rws):
+                        matcher.fill(bm, row)
+            if n_rows:
+                per_row = (time.perf_counter() - t_fill) / n_rows
+                if threaded:
+                    per_row *= min(self.fill_threads, n_rows)
+                self._row_cost = per_row if not self._row_cost else (
+                    0.8 * self._row_cost + 0.2 * per_row)
         finally:
             for req in locked:
                 req._lock.release()

@@ -172,6 +172,7 @@ class WorkerPool:
         self._all_lock = threading.Lock()
         self._ids = itertools.count()
         self._closed = False
+        self._spawners: list[threading.Thread] = []
         self.start_error: BaseException | None = None
         for _ in range(size):
             self._spawn_async()
@@ -179,7 +180,9 @@ class WorkerPool:
     # -- lifecycle -------------------------------------------------------------------------
     def _spawn_async(self) -> None:
         if not self._closed:
-            threading.Thread(target=self._spawn, name="pg-compile-spawn", daemon=True).start()
+            thread = threading.Thread(target=self._spawn, name="pg-compile-spawn", daemon=True)
+            self._spawners = [t for t in self._spawners if t.is_alive()] + [thread]
+            thread.start()
 
     def _spawn(self) -> None:
         try:
@@ -204,8 +207,14 @@ class WorkerPool:
         self._idle.put(worker)
 
     def close(self) -> None:
-        """Stop every worker (idle or busy)."""
+        """Stop every worker (idle or busy).
+
+        Waits for workers still starting: a thread left inside the engine libraries while
+        the interpreter shuts down would abort the process.
+        """
         self._closed = True
+        for thread in self._spawners:
+            thread.join(timeout=self._start_timeout_s)
         with self._all_lock:
             workers = list(self._all)
             self._all.clear()

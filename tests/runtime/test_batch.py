@@ -81,3 +81,21 @@ def test_bad_bitmask_and_rows(rt):
         rt.fill_bitmask([*reqs, None], bm)
     with pytest.raises(TypeError, match="NumPy array or a CPU Torch tensor"):
         rt.fill_bitmask(reqs, [[0]])
+
+
+def test_threaded_and_inline_paths_agree(deepseek):
+    # parallel_fill_min_us=0 always hands rows to the engine's threads; a huge threshold
+    # always fills inline. Both must write identical masks.
+    from portable_guided.runtime import GrammarRuntime
+
+    out = []
+    for engine in ("xgrammar", "llguidance"):
+        for threshold in (0.0, 1e12):
+            with GrammarRuntime(deepseek, engine, compile_timeout_s=None, fill_threads=2,
+                                parallel_fill_min_us=threshold) as rt:
+                reqs = _requests(rt, 12)
+                bm = np.zeros((12, rt.bitmask_words), dtype=np.int32)
+                rt.fill_bitmask(reqs, bm)
+                rt.fill_bitmask(reqs, bm)  # the second step uses the measured row cost
+                out.append(bm)
+    assert np.array_equal(out[0], out[1]) and np.array_equal(out[2], out[3])
