@@ -172,37 +172,36 @@ class GrammarRuntime:
         for i, req in enumerate(requests):
             if req is None:
                 bm[row_list[i]] = -1
+        # Threads pay off only when the step's masks cost more than the handoff to the
+        # engine's thread pool (a few hundred us); cheap steps are filled in this thread.
+        threaded = (self.fill_threads > 1 and len(live) > 1
+                    and self._row_cost * len(live) >= self.parallel_fill_min_s)
         groups: dict[int, tuple[Engine, list[Matcher], list[int]]] = {}
-        locked: list[Request] = []
+        locked: list[Any] = []
+        n_rows = 0
+        t_fill = time.perf_counter()
         try:
             for i in live:
                 req = requests[i]
-                assert req is not None
-                req._lock.acquire()
-                locked.append(req)
-                matcher = req._plan()
+                lock = req._lock  # type: ignore[union-attr]
+                lock.acquire()
+                locked.append(lock)
+                matcher = req._plan()  # type: ignore[union-attr]
                 if matcher is None:
-                    req._fill_special(bm, row_list[i])
+                    req._fill_special(bm, row_list[i])  # type: ignore[union-attr]
                     continue
-                engine = req._engine
-                assert engine is not None
+                n_rows += 1
+                if not threaded:
+                    matcher.fill(bm, row_list[i])
+                    continue
+                engine = req._engine  # type: ignore[union-attr]
                 group = groups.get(id(engine))
                 if group is None:
-                    group = groups[id(engine)] = (engine, [], [])
+                    group = groups[id(engine)] = (engine, [], [])  # type: ignore[assignment]
                 group[1].append(matcher)
                 group[2].append(row_list[i])
-            t_fill = time.perf_counter()
-            n_rows = sum(len(g[1]) for g in groups.values())
-            # Threads pay off only when the step's masks cost more than the handoff to the
-            # engine's thread pool (a few hundred us); cheap steps are filled in this thread.
-            threaded = (self.fill_threads > 1 and n_rows > 1
-                        and self._row_cost * n_rows >= self.parallel_fill_min_s)
             for engine, matchers, rws in groups.values():
-                if threaded:
-                    engine.fill_batch(matchers, bm, rws)
-                else:
-                    for matcher, row in zip(matchers, rws):
-                        matcher.fill(bm, row)
+                engine.fill_batch(matchers, bm, rws)
             if n_rows:
                 per_row = (time.perf_counter() - t_fill) / n_rows
                 if threaded:
@@ -210,8 +209,8 @@ class GrammarRuntime:
                 self._row_cost = per_row if not self._row_cost else (
                     0.8 * self._row_cost + 0.2 * per_row)
         finally:
-            for req in locked:
-                req._lock.release()
+            for lock in locked:
+                lock.release()
         m = self.metrics_sink
         m.inc("fill_steps")
         m.inc("fill_rows", n)

@@ -174,19 +174,23 @@ def test_reasoning_without_budget_ends_on_sequence(rt):
 
 def test_tokens_before_ready_are_replayed(runtimes):
     # Disaggregated prefill: tokens produced elsewhere arrive before the compile finished.
+    from test_compile_service import nested_any_of  # a spec that takes about a second
+
     rt = runtimes["xgrammar"]
-    spec = GrammarSpec.json_schema({"type": "object", "properties": {"q": {"const": 17}}})
+    spec = GrammarSpec.json_schema(
+        {"type": "object", "properties": {"q": {"const": 17}, "z": nested_any_of(3)}})
     ids = rt.info.encode('{"q": 17')
     req = rt.new_request(spec)
     for t in ids:
         assert req.accept(t)
-    req.wait(60)
+    assert not req.ready  # the tokens were queued
+    req.wait(120)
     assert req.num_accepted == len(ids)
     assert allowed(mask(rt, req), rt.vocab_size).tolist() == allowed(
         mask(rt, _walked(rt, spec, ids)), rt.vocab_size).tolist()
-    bad = rt.new_request(GrammarSpec.json_schema({"type": "array", "maxItems": 1}))
-    bad.accept(rt.info.encode("{")[0])
-    bad.wait(60)
+    bad = rt.new_request(GrammarSpec.json_schema({"type": "array", "items": nested_any_of(3)}))
+    assert bad.accept(rt.info.encode("{")[0])  # queued: not checked yet
+    bad.wait(120)
     assert bad.failed and isinstance(bad.error, GrammarRejectedToken)
 
 
