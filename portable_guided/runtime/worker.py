@@ -41,9 +41,29 @@ def main() -> None:
     main module); it talks to the parent over two pipes.
     """
     rfd, wfd = int(sys.argv[1]), int(sys.argv[2])
+    _die_with_parent()
     conn = _Duplex(Connection(rfd, writable=False), Connection(wfd, readable=False))
     engines_spec, local_below_s = conn.recv()
     _serve(conn, engines_spec, local_below_s)
+
+
+def _die_with_parent() -> None:
+    """Exit as soon as the parent dies, even in the middle of a compile (a killed engine
+    process must not leave a worker burning CPU on an abandoned grammar).
+
+    Polls the parent id from a thread (the compile holds no lock this thread needs).
+    ``PR_SET_PDEATHSIG`` is not used: it fires when the *thread* that started the worker
+    exits, and workers are started from short-lived threads.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="pg-parent-watch", daemon=True).start()
 
 
 class _Duplex:

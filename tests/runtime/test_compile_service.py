@@ -176,3 +176,42 @@ def test_pathological_spec_is_killed_while_others_decode(deepseek):
         assert again.ready and again.failed
         other = rt.new_request(GrammarSpec.regex("[0-9]+")).wait(180)
         assert not other.failed and rt.worker_pids() != [pid]
+
+
+def test_worker_dies_with_its_parent(tmp_path):
+    # An engine process killed mid-compile must not leave its worker burning CPU.
+    psutil = pytest.importorskip("psutil")
+    script = textwrap.dedent("""
+        import sys, time
+        sys.path.insert(0, "tests/runtime")
+        from test_compile_service import nested_any_of
+        from portable_guided.runtime import GrammarRuntime, GrammarSpec, load_tokenizer_info
+        rt = GrammarRuntime(load_tokenizer_info("deepseek"), "xgrammar", compile_timeout_s=600)
+        rt.compile(GrammarSpec.regex("a"), timeout=300)
+        spec = GrammarSpec.json_schema(nested_any_of(10), validate=False)
+        rt.compile_async(spec)
+        print(rt.worker_pids()[0], flush=True)
+        time.sleep(600)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    try:
+        worker_pid = int(parent.stdout.readline())
+        worker = psutil.Process(worker_pid)
+        time.sleep(1.0)
+        assert worker.is_running() and sum(worker.cpu_times()[:2]) > 0.2  # compiling
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(worker_pid) and time.monotonic() < deadline:
+        try:
+            if psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    gone = not psutil.pid_exists(worker_pid) or \
+        psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE
+    assert gone
