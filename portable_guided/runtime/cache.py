@@ -11,7 +11,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Generic, TypeVar
 
-__all__ = ["ByteLRUCache", "FailureCache", "DiskCache"]
+__all__ = ["ByteLRUCache", "DiskCache", "FailureCache"]
 
 V = TypeVar("V")
 

@@ -18,7 +18,7 @@ from .specs import GrammarSpec
 from .tokenizer_info import TokenizerInfo
 from .worker import WorkerPool
 
-__all__ = ["CompileService", "CompiledGrammar", "RUNTIME_CACHE_VERSION"]
+__all__ = ["RUNTIME_CACHE_VERSION", "CompileService", "CompiledGrammar"]
 
 #: Bumped whenever the meaning of a cached grammar changes (part of the disk cache key).
 RUNTIME_CACHE_VERSION = "1"
@@ -159,7 +159,7 @@ class CompileService:
                 break
             except GrammarCompileError as exc:
                 errors.append(exc)
-            except Exception as exc:  # an engine bug must fail this request, not the service
+            except Exception as exc:  # noqa: BLE001 - an engine bug fails this spec, not the service
                 errors.append(GrammarCompileError(f"{type(exc).__name__}: {exc}", engine=name))
         with self._inflight_lock:
             self._inflight.pop(key, None)
@@ -187,7 +187,7 @@ class CompileService:
             if text is not None:
                 try:
                     grammar = engine.deserialize(text)
-                except Exception:  # a corrupt or foreign entry: recompile and overwrite
+                except Exception:  # noqa: BLE001, S110 - a corrupt entry: recompile, overwrite
                     pass
                 else:
                     self.metrics.inc("cache_hits_disk")
@@ -195,6 +195,7 @@ class CompileService:
         t0 = time.perf_counter()
         if self._pool is None:
             try:
+                spec.run_deferred_check()
                 grammar = engine.compile(spec)
             except UnsupportedSpec as exc:
                 raise GrammarCompileError(f"unsupported spec: {exc}", engine=name) from exc

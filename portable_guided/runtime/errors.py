@@ -7,12 +7,12 @@ also derive from :class:`ValueError` so generic handlers keep working.
 from __future__ import annotations
 
 __all__ = [
-    "GrammarError",
-    "GrammarSpecError",
     "GrammarCompileError",
-    "GrammarTimeout",
-    "GrammarRejectedToken",
+    "GrammarError",
     "GrammarNotReady",
+    "GrammarRejectedToken",
+    "GrammarSpecError",
+    "GrammarTimeout",
 ]
 
 

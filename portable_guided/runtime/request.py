@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import GrammarError, GrammarNotReady, GrammarRejectedToken
+from .errors import GrammarNotReady, GrammarRejectedToken
 
 if TYPE_CHECKING:
     from .compile_service import CompiledGrammar
     from .engines.base import Engine, Matcher
     from .runtime import GrammarRuntime
 
-__all__ = ["Request", "ReasoningConfig", "ON_ERROR_POLICIES"]
+__all__ = ["ON_ERROR_POLICIES", "ReasoningConfig", "Request"]
 
 #: What a rejected token does. ``raise`` (default, fails closed): the request fails with
 #: :class:`GrammarRejectedToken`, its row then allows only stop tokens, the rest of the batch
@@ -95,6 +95,7 @@ class Request:
         self._think_progress = 0
         self.num_rejected = 0
         self._serial = runtime._next_serial()
+        self._ready_event = threading.Event()
         self._future = future
         future.add_done_callback(self._on_compiled)
 
@@ -135,14 +136,21 @@ class Request:
         return len(self._log)
 
     def wait(self, timeout: float | None = None) -> Request:
-        """Block until the compile finished; returns ``self`` (errors stay in ``error``)."""
-        try:
-            self._future.result(timeout)
-        except GrammarError:
-            pass
+        """Block until the compile finished; returns ``self`` (errors stay in ``error``).
+
+        Raises ``TimeoutError`` if the compile is still running after ``timeout`` seconds.
+        """
+        if not self._ready_event.wait(timeout):
+            raise TimeoutError(f"grammar still compiling after {timeout} s")
         return self
 
     def _on_compiled(self, fut: Future[CompiledGrammar]) -> None:
+        try:
+            self._install(fut)
+        finally:
+            self._ready_event.set()
+
+    def _install(self, fut: Future[CompiledGrammar]) -> None:
         with self._lock:
             exc = fut.exception()
             if exc is not None:
@@ -152,7 +160,7 @@ class Request:
             self._engine = compiled.engine
             try:
                 self._matcher = compiled.engine.new_matcher(compiled.grammar)
-            except Exception as err:  # pragma: no cover - engine bug
+            except Exception as err:  # noqa: BLE001 - an engine bug fails only this request
                 self._fail(err)
                 return
             self._state = ACTIVE
@@ -222,11 +230,10 @@ class Request:
         if self.on_error == "raise":
             self._fail(error)
             raise error
-        if self.on_error == "terminate":
-            if not self._forced_stop:
-                self._forced_stop = True
-                self._error = error
-                self._rt.metrics_sink.inc("forced_stops")
+        if self.on_error == "terminate" and not self._forced_stop:
+            self._forced_stop = True
+            self._error = error
+            self._rt.metrics_sink.inc("forced_stops")
         return False
 
     def _reject_detail(self, token: int) -> str:
@@ -422,10 +429,9 @@ class Request:
 
     async def await_ready(self) -> Request:
         """Await the compile without blocking the event loop."""
-        try:
-            await asyncio.wrap_future(self._future)
-        except GrammarError:
-            pass
+        if not self._ready_event.is_set():
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._rt._executor, self._ready_event.wait)
         return self
 
 

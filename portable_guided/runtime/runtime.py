@@ -34,7 +34,9 @@ class GrammarRuntime:
     the engines of ``auto_order`` in turn when one rejects or times out on a spec);
     ``compile_timeout_s`` is a real limit (the compile runs in one of ``compile_workers``
     worker processes, killed at the deadline), ``None`` compiles in threads without a
-    limit; ``fill_threads`` threads fill a batch; ``cache_bytes`` bounds the in-memory cache
+    limit; ``fill_threads`` threads fill a batch whose masks are estimated to cost at least
+    ``parallel_fill_min_us`` (cheaper steps are filled in the calling thread, since handing
+    them to threads costs more than it saves); ``cache_bytes`` bounds the in-memory cache
     of compiled grammars; ``disk_cache_dir`` enables the on-disk cache shared by processes
     and tensor-parallel ranks; failed compiles are remembered for ``failure_ttl_s``.
     """
@@ -52,6 +54,7 @@ class GrammarRuntime:
         failure_ttl_s: float = 30.0,
         auto_order: tuple[str, ...] = ("llguidance", "xgrammar"),
         local_recompile_below_s: float = 0.1,
+        parallel_fill_min_us: float = 400.0,
     ) -> None:
         if isinstance(tokenizer_info, str):
             tokenizer_info = load_tokenizer_info(tokenizer_info)
@@ -63,6 +66,10 @@ class GrammarRuntime:
         if not isinstance(fill_threads, int) or fill_threads < 1:
             raise ValueError(f"fill_threads must be an int >= 1, got {fill_threads!r}")
         self.info = tokenizer_info
+        self.fill_threads = fill_threads
+        self.parallel_fill_min_s = parallel_fill_min_us * 1e-6
+        # Moving average of one row's fill time (seconds, as if filled by one thread).
+        self._row_cost = 0.0
         self.metrics_sink = Metrics()
         self._service = CompileService(
             tokenizer_info, engine=engine, auto_order=auto_order, timeout_s=compile_timeout_s,
@@ -165,30 +172,45 @@ class GrammarRuntime:
         for i, req in enumerate(requests):
             if req is None:
                 bm[row_list[i]] = -1
+        # Threads pay off only when the step's masks cost more than the handoff to the
+        # engine's thread pool (a few hundred us); cheap steps are filled in this thread.
+        threaded = (self.fill_threads > 1 and len(live) > 1
+                    and self._row_cost * len(live) >= self.parallel_fill_min_s)
         groups: dict[int, tuple[Engine, list[Matcher], list[int]]] = {}
-        locked: list[Request] = []
+        locked: list[Any] = []
+        n_rows = 0
+        t_fill = time.perf_counter()
         try:
             for i in live:
                 req = requests[i]
-                assert req is not None
-                req._lock.acquire()
-                locked.append(req)
-                matcher = req._plan()
+                lock = req._lock  # type: ignore[union-attr]
+                lock.acquire()
+                locked.append(lock)
+                matcher = req._plan()  # type: ignore[union-attr]
                 if matcher is None:
-                    req._fill_special(bm, row_list[i])
+                    req._fill_special(bm, row_list[i])  # type: ignore[union-attr]
                     continue
-                engine = req._engine
-                assert engine is not None
+                n_rows += 1
+                if not threaded:
+                    matcher.fill(bm, row_list[i])
+                    continue
+                engine = req._engine  # type: ignore[union-attr]
                 group = groups.get(id(engine))
                 if group is None:
-                    group = groups[id(engine)] = (engine, [], [])
+                    group = groups[id(engine)] = (engine, [], [])  # type: ignore[assignment]
                 group[1].append(matcher)
                 group[2].append(row_list[i])
             for engine, matchers, rws in groups.values():
                 engine.fill_batch(matchers, bm, rws)
+            if n_rows:
+                per_row = (time.perf_counter() - t_fill) / n_rows
+                if threaded:
+                    per_row *= min(self.fill_threads, n_rows)
+                self._row_cost = per_row if not self._row_cost else (
+                    0.8 * self._row_cost + 0.2 * per_row)
         finally:
-            for req in locked:
-                req._lock.release()
+            for lock in locked:
+                lock.release()
         m = self.metrics_sink
         m.inc("fill_steps")
         m.inc("fill_rows", n)
@@ -245,7 +267,7 @@ class GrammarRuntime:
         """Stop the compile workers and threads (also done at garbage collection)."""
         self._finalizer()
 
-    def __enter__(self) -> GrammarRuntime:
+    def __enter__(self) -> GrammarRuntime:  # noqa: PYI034 - final class in practice
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import GrammarSpecError
 
-__all__ = ["GrammarSpec", "SPEC_KINDS"]
+__all__ = ["SPEC_KINDS", "GrammarSpec"]
 
 SPEC_KINDS = ("json_schema", "any_json", "regex", "ebnf", "choice", "structural_tag")
 
@@ -37,6 +37,9 @@ class GrammarSpec:
     #: Options that change the compiled grammar (e.g. ``any_whitespace`` for JSON).
     options: tuple[tuple[str, Any], ...] = ()
     key: str = field(default="", compare=False)
+    #: True when validation against the meta-schema was deferred to the compile job (large
+    #: schemas: validating them takes seconds, which must not block the caller).
+    deferred_check: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in SPEC_KINDS:
@@ -59,12 +62,20 @@ class GrammarSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """A picklable, JSON-able form (sent to compile workers)."""
-        return {"kind": self.kind, "text": self.text, "options": [list(o) for o in self.options]}
+        return {"kind": self.kind, "text": self.text, "options": [list(o) for o in self.options],
+                "deferred_check": self.deferred_check}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GrammarSpec:
         """Inverse of :meth:`to_dict` (no re-validation)."""
-        return cls(data["kind"], data["text"], tuple((k, v) for k, v in data["options"]))
+        return cls(data["kind"], data["text"], tuple((k, v) for k, v in data["options"]),
+                   deferred_check=bool(data.get("deferred_check", False)))
+
+    def run_deferred_check(self) -> None:
+        """Run the validation deferred at construction (called by the compile job, under
+        its time limit); raises :class:`GrammarSpecError`."""
+        if self.deferred_check:
+            _validate_meta(self.payload, "")
 
     # -- constructors ----------------------------------------------------------------------
     @classmethod
@@ -90,10 +101,17 @@ class GrammarSpec:
             raise TypeError(
                 f"schema must be a dict, a bool or JSON text, got {type(schema).__name__}"
             )
+        # Key order is kept: engines generate properties in schema order.
+        text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+        deferred = False
         if validate:
-            _validate_schema(schema)
-        text = json.dumps(schema, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-        return cls("json_schema", text, (("any_whitespace", bool(any_whitespace)),))
+            _validate_refs(schema, "")
+            if len(text) <= DEFER_CHECK_ABOVE_CHARS:
+                _validate_meta(schema, "")
+            else:
+                deferred = True
+        return cls("json_schema", text, (("any_whitespace", bool(any_whitespace)),),
+                   deferred_check=deferred)
 
     @classmethod
     def any_json(cls, *, any_whitespace: bool = True) -> GrammarSpec:
@@ -172,18 +190,23 @@ class GrammarSpec:
                     f"tag {i} begin {tag['begin']!r} starts with none of the triggers "
                     f"{list(triggers)!r}", pointer=f"/tags/{i}/begin",
                 )
-            try:
-                _validate_schema(tag["schema"], base=f"/tags/{i}/schema")
-            except GrammarSpecError:
-                raise
+            _validate_schema(tag["schema"], base=f"/tags/{i}/schema")
             clean.append({"begin": tag["begin"], "schema": tag["schema"], "end": tag["end"]})
-        text = json.dumps({"tags": clean, "triggers": list(triggers)}, sort_keys=True,
-                          ensure_ascii=False)
+        text = json.dumps({"tags": clean, "triggers": list(triggers)}, ensure_ascii=False)
         return cls("structural_tag", text)
 
 
 # -- JSON schema validation ----------------------------------------------------------------
+#: Schemas whose JSON text is longer are checked against the meta-schema in the compile job.
+DEFER_CHECK_ABOVE_CHARS = 65536
+
+
 def _validate_schema(schema: Any, base: str = "") -> None:
+    _validate_refs(schema, base)
+    _validate_meta(schema, base)
+
+
+def _validate_refs(schema: Any, base: str) -> None:
     if not isinstance(schema, (Mapping, bool)):
         raise GrammarSpecError(
             f"a JSON schema must be an object or a bool, got {type(schema).__name__}",
@@ -195,6 +218,9 @@ def _validate_schema(schema: Any, base: str = "") -> None:
                 f"remote $ref {ref!r} is not supported (remote references are never fetched)",
                 pointer=pointer,
             )
+
+
+def _validate_meta(schema: Any, base: str) -> None:
     try:
         import jsonschema
         from jsonschema.validators import validator_for

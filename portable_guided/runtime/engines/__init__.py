@@ -11,7 +11,7 @@ from typing import Any
 
 from .base import Engine, Matcher, UnsupportedSpec
 
-__all__ = ["Engine", "Matcher", "UnsupportedSpec", "ENGINES", "engine_class", "create_engine"]
+__all__ = ["ENGINES", "Engine", "Matcher", "UnsupportedSpec", "create_engine", "engine_class"]
 
 #: Engine name -> (module, class, pip package that provides the library).
 ENGINES: dict[str, tuple[str, str, str]] = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,8 +13,18 @@ from .base import Engine, Matcher, UnsupportedSpec
 __all__ = ["LLGuidanceEngine", "LLGuidanceMatcher", "bitmask_pointer"]
 
 
+# The last NumPy bitmask seen and its (address, rows, words): engines fill the same buffer
+# step after step, and reading an array's address costs more than computing a mask row.
+# Holding the reference keeps the address valid (NumPy refuses to resize a referenced array).
+_last_numpy: tuple[Any, int, int, int] = (None, 0, 0, 0)
+
+
 def bitmask_pointer(bitmask: Any) -> tuple[int, int, int]:
     """(address, rows, words) of a C-contiguous int32 CPU bitmask (NumPy or Torch)."""
+    global _last_numpy
+    last = _last_numpy
+    if last[0] is bitmask:
+        return last[1], last[2], last[3]
     shape = tuple(bitmask.shape)
     if len(shape) != 2:
         raise ValueError(f"bitmask must be 2-D (rows, words), got shape {shape}")
@@ -23,7 +34,8 @@ def bitmask_pointer(bitmask: Any) -> tuple[int, int, int]:
                 f"bitmask must be C-contiguous int32, got {bitmask.dtype} "
                 f"contiguous={bitmask.flags['C_CONTIGUOUS']}"
             )
-        return int(bitmask.ctypes.data), shape[0], shape[1]
+        _last_numpy = (bitmask, int(bitmask.ctypes.data), shape[0], shape[1])
+        return _last_numpy[1], shape[0], shape[1]
     if hasattr(bitmask, "data_ptr"):  # Torch
         if str(bitmask.dtype) != "torch.int32" or not bitmask.is_contiguous() or (
             bitmask.device.type != "cpu"
@@ -44,7 +56,7 @@ class LLGuidanceMatcher(Matcher):
     accepted when the grammar is in an accepting state.
     """
 
-    __slots__ = ("_m", "_stops", "_stopped")
+    __slots__ = ("_m", "_stopped", "_stops")
 
     def __init__(self, matcher: Any, stop_token_ids: frozenset[int]) -> None:
         self._m = matcher
@@ -65,9 +77,8 @@ class LLGuidanceMatcher(Matcher):
         if n and self._stopped:
             self._stopped = False
             n -= 1
-        if n:
-            if not self._m.rollback(n):
-                raise RuntimeError(f"llguidance rollback of {n} failed: {self._m.get_error()}")
+        if n and not self._m.rollback(n):
+            raise RuntimeError(f"llguidance rollback of {n} failed: {self._m.get_error()}")
 
     def fill(self, bitmask: Any, row: int) -> None:
         ptr, _rows, words = bitmask_pointer(bitmask)
@@ -99,6 +110,7 @@ class LLGuidanceEngine(Engine):
         self.tokenizer = lltokenizer
         self._stops = frozenset(int(t) for t in lltokenizer.eos_tokens)
         self._executor = llg.LLExecutor(max(1, int(fill_threads)))
+        self._batch_lock = threading.Lock()  # one batch fill at a time per executor
 
     @staticmethod
     def version() -> str:
@@ -167,7 +179,8 @@ class LLGuidanceEngine(Engine):
     ) -> None:
         ptr, nrows, words = bitmask_pointer(bitmask)
         pairs = [(m._m, int(r)) for m, r in zip(matchers, rows)]  # type: ignore[attr-defined]
-        self._executor.unsafe_compute_mask_ptr(pairs, ptr, words * 4, nrows)
+        with self._batch_lock:
+            self._executor.unsafe_compute_mask_ptr(pairs, ptr, words * 4, nrows)
 
 
 class _Compiled:

@@ -1,0 +1,254 @@
+"""Benchmarks for the grammar runtime's targets (issue 4), side by side in one run.
+
+    python bench/maskbench_targets.py [--schemas 40] [--json bench/results/maskbench_targets.json]
+
+1. Per-mask overhead over raw xgrammar: the same compiled grammars and token positions,
+   raw ``GrammarMatcher.fill_next_token_bitmask`` and the runtime's ``Request.fill`` (and a
+   batch of one through ``GrammarRuntime.fill_bitmask``) timed interleaved; medians.
+2. Batch fill of 64 requests with 2 threads vs filling them one by one.
+3. Cost of a cache hit (``compile_async`` of a cached spec, and ``new_request``).
+4. A second process with the on-disk cache skips the compile.
+5. A pathological spec (nested anyOf, minutes to compile) is stopped near its time limit,
+   other requests keep decoding meanwhile, and the worker's CPU time stops.
+
+Numbers come from a 2-core machine shared with other engineers: compare columns of one
+run, not runs with each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from portable_guided.runtime import GrammarRuntime, GrammarSpec, load_tokenizer_info
+from portable_guided.runtime.maskbench import load_records, machine_note
+
+DATA = Path(os.environ.get("PORTABLE_GUIDED_MASKBENCH", "/work/shared/data/maskbench"))
+
+
+def med(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def bench_mask_overhead(info, n_schemas: int) -> dict:
+    import xgrammar as xgr
+
+    recs = load_records([str(DATA / "Github_easy.jsonl"), str(DATA / "Glaiveai2K.jsonl")],
+                        n_schemas // 2)
+    rt = GrammarRuntime(info, "xgrammar", compile_timeout_s=None, fill_threads=1)
+    bm = rt.allocate_bitmask(1)
+    raw_t, req_t, batch_t = [], [], []
+    perf = time.perf_counter
+    for rec in recs:
+        try:
+            spec = GrammarSpec.json_schema(rec["schema"])
+            compiled = rt.compile(spec, timeout=60)
+        except Exception:  # noqa: BLE001, S112 - schemas that fail to compile are not timed
+            continue
+        for test in rec["tests"]:
+            if not test["valid"]:
+                continue
+            ids = info.encode(json.dumps(test["data"], ensure_ascii=False))
+            raw = xgr.GrammarMatcher(compiled.grammar)
+            req = rt.new_request(spec)
+            for t in ids:
+                for _ in range(3):  # interleave: raw, Request.fill, batch of one
+                    t0 = perf(); raw.fill_next_token_bitmask(bm, 0); raw_t.append(perf() - t0)
+                    t0 = perf(); req.fill(bm, 0); req_t.append(perf() - t0)
+                    t0 = perf(); rt.fill_bitmask([req], bm); batch_t.append(perf() - t0)
+                if not (raw.accept_token(t) and req.accept(t)):
+                    break
+    rt.close()
+    r, q, b = med(raw_t), med(req_t), med(batch_t)
+    return {"masks": len(raw_t), "raw_xgrammar_us_p50": r * 1e6, "request_fill_us_p50": q * 1e6,
+            "fill_bitmask_batch1_us_p50": b * 1e6, "overhead_request_fill_pct": (q / r - 1) * 100,
+            "overhead_fill_bitmask_batch1_pct": (b / r - 1) * 100,
+            "target": "overhead <= 10% at p50"}
+
+
+def _states(rt, info, recs, heavy: bool, rng) -> list:
+    """64 requests on real MaskBench schemas, each advanced along a valid instance to a
+    random position, or (heavy) to the position whose mask was slowest in a probe walk."""
+    reqs = []
+    bm = rt.allocate_bitmask(1)
+    for rec in recs:
+        if len(reqs) == 64:
+            break
+        valid = [t for t in rec["tests"] if t["valid"]]
+        if not valid:
+            continue
+        try:
+            spec = GrammarSpec.json_schema(rec["schema"])
+        except Exception:  # noqa: BLE001, S112 - invalid schemas are skipped
+            continue
+        req = rt.new_request(spec).wait(300)
+        if req.failed:
+            continue
+        ids = info.encode(json.dumps(valid[0]["data"], ensure_ascii=False))
+        if heavy:
+            probe = rt.new_request(spec, on_error="reject").wait(60)
+            costs = []
+            for t in ids:
+                t0 = time.perf_counter()
+                probe.fill(bm, 0)
+                costs.append(time.perf_counter() - t0)
+                if not probe.accept(t):
+                    break
+            k = int(np.argmax(costs))
+        else:
+            k = rng.randrange(len(ids))
+        if req.accept_tokens(ids[:k]) == k:
+            reqs.append(req)
+    return reqs
+
+
+def bench_batch_fill(info) -> dict:
+    import random
+
+    recs = load_records([str(DATA / "Github_medium.jsonl"), str(DATA / "Github_easy.jsonl")], 80)
+    out: dict = {}
+    for engine in ("xgrammar", "llguidance"):
+        for workload in ("random_positions", "slowest_positions"):
+            row = {}
+            for label, threshold in (("adaptive", 400.0), ("always_threads", 0.0)):
+                rt = GrammarRuntime(info, engine, compile_timeout_s=10, fill_threads=2,
+                                    parallel_fill_min_us=threshold)
+                reqs = _states(rt, info, recs, workload == "slowest_positions", random.Random(0))
+                bm = rt.allocate_bitmask(64)
+                seq, bat = [], []
+                for _ in range(40):  # interleaved, medians
+                    t0 = time.perf_counter()
+                    for i, r in enumerate(reqs):
+                        r.fill(bm, i)
+                    seq.append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    rt.fill_bitmask(reqs, bm)
+                    bat.append(time.perf_counter() - t0)
+                rt.close()
+                row["requests"] = len(reqs)
+                row["one_by_one_ms_p50"] = med(seq) * 1e3
+                row[f"fill_bitmask_{label}_ms_p50"] = med(bat) * 1e3
+                row[f"speedup_{label}"] = med(seq) / med(bat)
+            out[f"{engine}/{workload}"] = row
+    out["target"] = "batch of 64 with 2 threads >= 1.6x faster than one by one"
+    return out
+
+
+def bench_cache_hit(info) -> dict:
+    rt = GrammarRuntime(info, "xgrammar", compile_timeout_s=None)
+    spec = GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
+    rt.compile(spec)
+    hits, reqs = [], []
+    for _ in range(2000):
+        t0 = time.perf_counter(); rt.compile_async(spec).result(); hits.append(time.perf_counter() - t0)
+        t0 = time.perf_counter(); rt.new_request(spec); reqs.append(time.perf_counter() - t0)
+    rt.close()
+    return {"compile_async_hit_us_p50": med(hits) * 1e6,
+            "compile_async_hit_us_p99": float(np.percentile(hits, 99)) * 1e6,
+            "new_request_hit_us_p50": med(reqs) * 1e6, "target": "cache hit <= 100 us"}
+
+
+def bench_disk_cache() -> dict:
+    with open(DATA / "Github_medium.jsonl", encoding="utf-8") as fh:
+        schema = json.loads(fh.readline())["schema"]
+    script = textwrap.dedent("""
+        import json, sys, time
+        from portable_guided.runtime import GrammarRuntime, GrammarSpec, load_tokenizer_info
+        info = load_tokenizer_info("deepseek")
+        rt = GrammarRuntime(info, "xgrammar", compile_timeout_s=60, disk_cache_dir=sys.argv[1])
+        rt.compile(GrammarSpec.json_schema({"type": "integer"}))  # wait for the worker
+        t0 = time.perf_counter()
+        c = rt.compile(GrammarSpec.json_schema(json.loads(sys.argv[2])))
+        m = rt.metrics()
+        print(json.dumps({"seconds": time.perf_counter() - t0, "source": c.source,
+                          "disk_hits": m["cache_hits_disk"]}))
+        rt.close()
+    """)
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        runs = []
+        for _ in range(2):
+            out = subprocess.run([sys.executable, "-c", script, d, json.dumps(schema)],
+                                 capture_output=True, text=True, env=env, timeout=600,
+                                 check=True)
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {"first_process": runs[0], "second_process": runs[1],
+            "target": "a second process with the on-disk cache skips the compile"}
+
+
+def bench_timeout(info) -> dict:
+    import psutil
+
+    sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+    from test_compile_service import nested_any_of
+
+    out = {}
+    small = GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
+    slow_spec = GrammarSpec.json_schema(nested_any_of(12))
+    for limit in (2.0, 5.0):
+        rt = GrammarRuntime(info, "xgrammar", compile_timeout_s=limit)
+        dec = rt.new_request(small).wait(300)
+        (pid,) = rt.worker_pids()
+        proc = psutil.Process(pid)
+        cpu0 = sum(proc.cpu_times()[:2])
+        ids = info.encode('{"a": 1234}')
+        bm = rt.allocate_bitmask(1)
+        t0 = time.monotonic()
+        slow = rt.new_request(slow_spec)
+        steps, cpu_last = 0, cpu0
+        while not slow.ready:
+            rt.fill_bitmask([dec], bm)
+            dec.accept_tokens(ids)
+            dec.rollback(len(ids))
+            steps += 1
+            try:
+                cpu_last = sum(proc.cpu_times()[:2])
+            except psutil.NoSuchProcess:
+                pass
+        elapsed = time.monotonic() - t0
+        out[f"limit_{limit:g}s"] = {
+            "stopped_after_s": elapsed, "ratio_to_limit": elapsed / limit,
+            "error": type(slow.error).__name__, "decode_steps_meanwhile": steps,
+            "worker_cpu_s_before_kill": cpu_last - cpu0,
+            "worker_alive_after": psutil.pid_exists(pid)}
+        rt.close()
+    out["target"] = "stopped within 1.5x of its limit; worker CPU stops"
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--schemas", type=int, default=40)
+    ap.add_argument("--json", default=str(ROOT / "bench/results/maskbench_targets.json"))
+    ap.add_argument("--only", default="", help="comma list: overhead,batch,cache,disk,timeout")
+    args = ap.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    info = load_tokenizer_info("deepseek")
+    results: dict = {"machine": machine_note(), "tokenizer": "deepseek (129,280)"}
+    steps = [("overhead", lambda: bench_mask_overhead(info, args.schemas)),
+             ("batch", lambda: bench_batch_fill(info)), ("cache", lambda: bench_cache_hit(info)),
+             ("disk", bench_disk_cache), ("timeout", lambda: bench_timeout(info))]
+    for name, fn in steps:
+        if only and name not in only:
+            continue
+        results[name] = fn()
+        print(name, json.dumps(results[name], indent=1, default=float), flush=True)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""``portable-guided bench maskbench ...``: the MaskBench harness of the grammar runtime."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``bench`` command with its ``maskbench`` subcommand."""
+    bench = subparsers.add_parser("bench", help="benchmarks")
+    sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
+    mb = sub.add_parser(
+        "maskbench",
+        help="compile MaskBench schemas and walk their tests token by token",
+        description="Compile each schema (under a time limit), then walk each test instance "
+        "token by token, timing the mask before every token. Valid instances must be "
+        "accepted to the end, invalid ones rejected.",
+    )
+    mb.add_argument("files", help="MaskBench JSONL file(s), comma-separated")
+    mb.add_argument("--engine", default="xgrammar",
+                    help="runtime engine(s), comma-separated: xgrammar, llguidance, auto")
+    mb.add_argument("--raw", default="",
+                    help="also run raw libraries side by side, comma-separated: "
+                    "xgrammar, llguidance")
+    mb.add_argument("--tokenizer", default="deepseek",
+                    help="deepseek, smollm2, qwen or a path (tokenizer.json, .gguf, .tiktoken)")
+    mb.add_argument("--limit", type=int, default=None, help="first N schemas of each file")
+    mb.add_argument("--timeout", type=float, default=30.0, help="compile time limit (s)")
+    mb.add_argument("--json", dest="json_out", required=True, help="write results here")
+    mb.add_argument("--quiet", action="store_true", help="no progress lines")
+    mb.set_defaults(func=_run_maskbench)
+    bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
+
+
+def _run_maskbench(args: argparse.Namespace) -> int:
+    from portable_guided.runtime import load_tokenizer_info
+    from portable_guided.runtime.maskbench import MODES, load_records, machine_note, run_mode
+
+    modes = [f"runtime:{e.strip()}" for e in args.engine.split(",") if e.strip()]
+    modes += [f"raw:{e.strip()}" for e in args.raw.split(",") if e.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        print(f"unknown engine(s) {bad}; known modes: {MODES}", file=sys.stderr)
+        return 2
+    if args.limit is not None and args.limit < 1:
+        print(f"--limit must be >= 1, got {args.limit}", file=sys.stderr)
+        return 2
+    files = [f for f in args.files.split(",") if f]
+    records = load_records(files, args.limit)
+    info = load_tokenizer_info(args.tokenizer)
+    results: dict[str, Any] = {}
+    for mode in modes:
+        t0 = time.perf_counter()
+
+        def progress(row: dict[str, Any], mode: str = mode) -> None:
+            if not args.quiet:
+                print(f"[{mode}] {row['id']}: {row['status']} {row['tests_ok']}/{row['tests']}",
+                      file=sys.stderr)
+
+        results[mode] = run_mode(mode, records, info, timeout_s=args.timeout, progress=progress)
+        results[mode]["summary"]["wall_s"] = round(time.perf_counter() - t0, 2)
+    primary = results[modes[0]]
+    out = {
+        "summary": primary["summary"],
+        "per_schema": primary["per_schema"],
+        "mode": modes[0],
+        "modes": {m: r["summary"] for m, r in results.items()},
+        "per_schema_by_mode": {m: r["per_schema"] for m, r in results.items() if m != modes[0]},
+        "config": {"files": files, "limit": args.limit, "timeout_s": args.timeout,
+                   "tokenizer": args.tokenizer, "vocab_size": info.vocab_size},
+        "machine": machine_note(),
+    }
+    with open(args.json_out, "w", encoding="utf-8") as fh:
+        json.dump(out, fh, indent=1, default=float)
+    _print_table(out["modes"])
+    return 0
+
+
+def _print_table(modes: dict[str, dict[str, Any]]) -> None:
+    cols = ["schemas", "compiled", "compile_errors", "timeouts", "passing", "valid_ok",
+            "invalid_ok", "compile_ms_p50", "compile_ms_p90", "compile_ms_p99", "mask_us_p50",
+            "mask_us_p99", "mask_us_mean", "tokens"]
+    print("| mode | " + " | ".join(cols) + " |")
+    print("|---" * (len(cols) + 1) + "|")
+    for mode, s in modes.items():
+        cells = [f"{s[c]:.1f}" if isinstance(s[c], float) else str(s[c]) for c in cols]
+        print(f"| {mode} | " + " | ".join(cells) + " |")

@@ -1,0 +1,221 @@
+"""MaskBench: compile each schema, then walk each test instance token by token, filling a
+mask before every token; valid instances must be accepted to the end (stop token included),
+invalid ones rejected somewhere.
+
+Modes: ``runtime:<engine>`` goes through :class:`GrammarRuntime` (``engine`` is xgrammar,
+llguidance or auto); ``raw:xgrammar`` and ``raw:llguidance`` call the libraries directly
+(compiled in the same killable worker, so a pathological schema cannot hang the run; the
+compile time reported for raw modes is the library call alone, measured in the worker).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import GrammarCompileError, GrammarSpecError, GrammarTimeout
+from .runtime import GrammarRuntime
+from .specs import GrammarSpec
+from .tokenizer_info import TokenizerInfo
+from .worker import WorkerPool
+
+__all__ = ["MODES", "load_records", "run_mode", "summarize"]
+
+MODES = ("runtime:xgrammar", "runtime:llguidance", "runtime:auto", "raw:xgrammar",
+         "raw:llguidance")
+
+
+def load_records(paths: Sequence[str], limit: int | None = None) -> list[dict[str, Any]]:
+    """MaskBench records from JSONL files (the first ``limit`` of each file)."""
+    out: list[dict[str, Any]] = []
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            n = 0
+            for line in fh:
+                if not line.strip():
+                    continue
+                if limit is not None and n >= limit:
+                    break
+                out.append(json.loads(line))
+                n += 1
+    return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return float(np.percentile(np.asarray(values), q))
+
+
+class _Walker:
+    """Per-mode compile + mask + accept primitives."""
+
+    def __init__(self, mode: str, info: TokenizerInfo, timeout_s: float) -> None:
+        self.mode = mode
+        self.info = info
+        self.timeout_s = timeout_s
+        kind, engine = mode.split(":")
+        self.kind, self.engine = kind, engine
+        self.rt: GrammarRuntime | None = None
+        self.pool: WorkerPool | None = None
+        if kind == "runtime":
+            self.rt = GrammarRuntime(info, engine, compile_timeout_s=timeout_s, fill_threads=1,
+                                     failure_ttl_s=0)
+        elif kind == "raw":
+            from .engines import ENGINES
+
+            self.pool = WorkerPool(
+                lambda: {engine: (ENGINES[engine][0], ENGINES[engine][1],
+                                  info.worker_payload(engine))}, size=1)
+            if engine == "xgrammar":
+                import xgrammar as xgr
+
+                self._xgr = xgr
+                self._xinfo = info.xgrammar()
+            else:
+                import llguidance as llg
+                import llguidance.numpy as llg_np
+
+                self._llg, self._llg_np = llg, llg_np
+                self._ltok = info.llguidance()
+        else:
+            raise ValueError(f"unknown mode {mode!r}; known: {MODES}")
+
+    def close(self) -> None:
+        if self.rt is not None:
+            self.rt.close()
+        if self.pool is not None:
+            self.pool.close()
+
+    def compile(self, spec: GrammarSpec) -> tuple[Any, float]:
+        """(compiled handle, compile seconds); raises GrammarCompileError/GrammarTimeout."""
+        if self.rt is not None:
+            t0 = time.perf_counter()
+            compiled = self.rt.compile(spec)
+            return compiled, time.perf_counter() - t0
+        assert self.pool is not None
+        status, text, seconds = self.pool.run(self.engine, spec.to_dict(), self.timeout_s,
+                                              serialize_always=True)
+        if status != "ok":
+            raise GrammarCompileError(str(text), engine=self.engine)
+        if self.engine == "xgrammar":
+            return self._xgr.CompiledGrammar.deserialize_json(text, self._xinfo), seconds
+        return text, seconds
+
+    def walk(self, spec: GrammarSpec, compiled: Any, ids: list[int], bm: np.ndarray,
+             mask_times: list[float]) -> bool:
+        """True if every token and then the stop token were allowed and accepted."""
+        stop = self.info.stop_token_ids[0]
+        perf = time.perf_counter
+        if self.rt is not None:
+            req = self.rt.new_request(spec, on_error="reject")
+            fill, accept = req.fill, req.accept
+        elif self.engine == "xgrammar":
+            m = self._xgr.GrammarMatcher(compiled)
+            fill, accept = m.fill_next_token_bitmask, m.accept_token
+        else:
+            lm = self._llg.LLMatcher(self._ltok, compiled, log_level=0)
+            np_fill = self._llg_np.fill_next_token_bitmask
+
+            def fill(bitmask: np.ndarray, row: int = 0) -> None:
+                np_fill(lm, bitmask, row)
+
+            def accept(t: int) -> bool:
+                if t == stop:
+                    return bool(lm.is_accepting())
+                return bool(lm.consume_token(t))
+        for t in [*ids, stop]:
+            t0 = perf()
+            fill(bm, 0)
+            mask_times.append(perf() - t0)
+            if not (int(bm[0, t >> 5]) >> (t & 31)) & 1:
+                return False
+            if not accept(t):
+                return False
+        return True
+
+
+def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, *,
+             timeout_s: float = 30.0, progress: Any = None) -> dict[str, Any]:
+    """Run one mode over ``records``; returns ``{"summary": ..., "per_schema": [...]}``."""
+    walker = _Walker(mode, info, timeout_s)
+    per_schema: list[dict[str, Any]] = []
+    compile_times: list[float] = []
+    mask_times: list[float] = []
+    bm = np.full((1, info.bitmask_words), -1, dtype=np.int32)
+    try:
+        # Warm up: the first compile waits for the worker process to start.
+        try:
+            walker.compile(GrammarSpec.json_schema({"type": "integer"}))
+        except GrammarCompileError:
+            pass
+        for rec in records:
+            row: dict[str, Any] = {"id": rec.get("id"), "status": "ok", "tests": 0,
+                                   "tests_ok": 0, "valid_ok": 0, "invalid_ok": 0}
+            per_schema.append(row)
+            try:
+                spec = GrammarSpec.json_schema(rec["schema"])
+                compiled, seconds = walker.compile(spec)
+            except GrammarTimeout as exc:
+                row.update(status="timeout", error=str(exc)[:200])
+                continue
+            except (GrammarCompileError, GrammarSpecError) as exc:
+                row.update(status="compile_error", error=str(exc)[:200])
+                continue
+            compile_times.append(seconds)
+            row["compile_ms"] = round(seconds * 1e3, 3)
+            for test in rec.get("tests", []):
+                text = json.dumps(test["data"], indent=None, ensure_ascii=False)
+                ids = info.encode(text)
+                accepted = walker.walk(spec, compiled, ids, bm, mask_times)
+                ok = accepted == bool(test["valid"])
+                row["tests"] += 1
+                row["tests_ok"] += ok
+                if test["valid"]:
+                    row["valid_ok"] += ok
+                else:
+                    row["invalid_ok"] += ok
+                row["tokens"] = row.get("tokens", 0) + len(ids) + 1
+            if progress is not None:
+                progress(row)
+    finally:
+        walker.close()
+    return {"summary": summarize(per_schema, compile_times, mask_times, records=None),
+            "per_schema": per_schema}
+
+
+def summarize(per_schema: list[dict[str, Any]], compile_times: list[float],
+              mask_times: list[float], records: Any = None) -> dict[str, Any]:
+    """The summary object of a MaskBench run."""
+    compiled = [r for r in per_schema if r["status"] == "ok"]
+    return {
+        "schemas": len(per_schema),
+        "compiled": len(compiled),
+        "compile_errors": sum(r["status"] == "compile_error" for r in per_schema),
+        "timeouts": sum(r["status"] == "timeout" for r in per_schema),
+        "passing": sum(r["status"] == "ok" and r["tests_ok"] == r["tests"] for r in per_schema),
+        "valid_ok": sum(r["valid_ok"] for r in per_schema),
+        "invalid_ok": sum(r["invalid_ok"] for r in per_schema),
+        "tests": sum(r["tests"] for r in per_schema),
+        "compile_ms_p50": _pct(compile_times, 50) * 1e3,
+        "compile_ms_p90": _pct(compile_times, 90) * 1e3,
+        "compile_ms_p99": _pct(compile_times, 99) * 1e3,
+        "mask_us_mean": (statistics.fmean(mask_times) * 1e6) if mask_times else float("nan"),
+        "mask_us_p50": _pct(mask_times, 50) * 1e6,
+        "mask_us_p99": _pct(mask_times, 99) * 1e6,
+        "tokens": len(mask_times),
+    }
+
+
+def machine_note() -> dict[str, Any]:
+    """Where a result was measured (the machine is shared; see the benchmark notes)."""
+    import os
+
+    return {"python": platform.python_version(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "note": "2-core machine shared with other engineers"}

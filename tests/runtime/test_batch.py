@@ -1,0 +1,101 @@
+"""Batched mask filling with row indices, mixed with unconstrained/prefill/failed rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from runtime_helpers import allowed
+
+from portable_guided.runtime import GrammarSpec
+
+SPECS = [
+    GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}),
+    GrammarSpec.regex(r"(ab|cd)+[0-9]"),
+    GrammarSpec.choice(["left", "right"]),
+    GrammarSpec.json_schema({"type": "array", "items": {"type": "string"}}),
+]
+PREFIXES = ['{"a": 1', "abcd", "ri", '["x", "']
+
+
+def _requests(rt, n):
+    reqs = []
+    for i in range(n):
+        req = rt.new_request(SPECS[i % 4]).wait(60)
+        req.accept_tokens(rt.info.encode(PREFIXES[i % 4])[: i % 3])
+        reqs.append(req)
+    return reqs
+
+
+def test_batch_equals_single_fills(rt):
+    reqs = _requests(rt, 24)
+    batch = np.zeros((24, rt.bitmask_words), dtype=np.int32)
+    rt.fill_bitmask(reqs, batch)
+    for i, req in enumerate(reqs):
+        single = rt.allocate_bitmask(1)
+        req.fill(single, 0)
+        assert np.array_equal(batch[i], single[0]), i
+
+
+def test_rows_mix_constrained_and_unconstrained(rt):
+    reqs = _requests(rt, 6)
+    failed = rt.new_request(GrammarSpec.ebnf('root ::= "a" nope')).wait(60)
+    prefill = rt.new_request(SPECS[0]).wait(60)
+    prefill.in_prefill = True
+    batch = [reqs[0], None, reqs[1], failed, prefill, None, *reqs[2:]]
+    rows = [9, 0, 3, 5, 7, 1, 2, 4, 6, 8]
+    bm = np.zeros((11, rt.bitmask_words), dtype=np.int32)
+    bm[7] = 12345  # the prefill row is skipped: left exactly as it was
+    rt.fill_bitmask(batch, bm, rows=rows)
+    assert (bm[0] == -1).all() and (bm[1] == -1).all()  # unconstrained: all allowed
+    assert allowed(bm[5], rt.vocab_size).tolist() == list(rt.info.stop_token_ids)
+    assert (bm[7] == 12345).all()
+    assert not bm[10].any()  # a row no request names is not touched
+    for req, row in [(reqs[0], 9), (reqs[1], 3), (reqs[2], 2), (reqs[5], 8)]:
+        single = rt.allocate_bitmask(1)
+        req.fill(single, 0)
+        assert np.array_equal(bm[row], single[0])
+
+
+def test_torch_bitmask(rt):
+    torch = pytest.importorskip("torch")
+    reqs = _requests(rt, 4)
+    bm = torch.zeros((4, rt.bitmask_words), dtype=torch.int32)
+    rt.fill_bitmask(reqs, bm)
+    ref = rt.allocate_bitmask(4)
+    rt.fill_bitmask(reqs, ref)
+    assert np.array_equal(bm.numpy(), ref)
+
+
+def test_bad_bitmask_and_rows(rt):
+    reqs = _requests(rt, 2)
+    with pytest.raises(ValueError, match=r"int32 of shape \(rows, 4042\), got int64"):
+        rt.fill_bitmask(reqs, np.zeros((2, rt.bitmask_words), dtype=np.int64))
+    with pytest.raises(ValueError, match="shape"):
+        rt.fill_bitmask(reqs, np.zeros((2, 7), dtype=np.int32))
+    bm = rt.allocate_bitmask(2)
+    with pytest.raises(ValueError, match=r"rows \[5\] out of range"):
+        rt.fill_bitmask(reqs, bm, rows=[0, 5])
+    with pytest.raises(ValueError, match="duplicates"):
+        rt.fill_bitmask(reqs, bm, rows=[1, 1])
+    with pytest.raises(ValueError, match="3 requests but the bitmask has only 2 rows"):
+        rt.fill_bitmask([*reqs, None], bm)
+    with pytest.raises(TypeError, match="NumPy array or a CPU Torch tensor"):
+        rt.fill_bitmask(reqs, [[0]])
+
+
+def test_threaded_and_inline_paths_agree(deepseek):
+    # parallel_fill_min_us=0 always hands rows to the engine's threads; a huge threshold
+    # always fills inline. Both must write identical masks.
+    from portable_guided.runtime import GrammarRuntime
+
+    out = []
+    for engine in ("xgrammar", "llguidance"):
+        for threshold in (0.0, 1e12):
+            with GrammarRuntime(deepseek, engine, compile_timeout_s=None, fill_threads=2,
+                                parallel_fill_min_us=threshold) as rt:
+                reqs = _requests(rt, 12)
+                bm = np.zeros((12, rt.bitmask_words), dtype=np.int32)
+                rt.fill_bitmask(reqs, bm)
+                rt.fill_bitmask(reqs, bm)  # the second step uses the measured row cost
+                out.append(bm)
+    assert np.array_equal(out[0], out[1]) and np.array_equal(out[2], out[3])

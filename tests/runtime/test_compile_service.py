@@ -1,0 +1,217 @@
+"""The compile service: futures, dedup, caches (memory, failure, disk), engine fallback and
+a time limit that kills the worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from portable_guided.runtime import (
+    GrammarCompileError,
+    GrammarRuntime,
+    GrammarSpec,
+    GrammarTimeout,
+)
+from portable_guided.runtime.cache import ByteLRUCache, FailureCache
+
+
+def nested_any_of(depth: int) -> dict:
+    """A schema whose xgrammar compile time grows about 3x every 2 levels (depth 8: ~30 s
+    here, depth 12: minutes); llguidance rejects depth 12 as too large."""
+    s: dict = {"type": "string", "pattern": "[a-z]{1,5}"}
+    for i in range(depth):
+        s = {"anyOf": [
+            {"type": "object", "properties": {f"k{i}": s, "x": {"type": "integer", "minimum": i}},
+             "required": [f"k{i}"]},
+            {"type": "array", "items": s, "minItems": 1, "maxItems": 3}]}
+    return s
+
+
+def test_byte_lru_cache_bounds():
+    c: ByteLRUCache[str] = ByteLRUCache(100)
+    c.put("a", "A", 40)
+    c.put("b", "B", 40)
+    assert c.get("a") == "A"  # a is now most recent
+    c.put("c", "C", 40)  # evicts b (least recently used)
+    assert c.get("b") is None and c.get("a") == "A" and c.get("c") == "C"
+    assert c.nbytes == 80
+    c.put("huge", "H", 101)  # larger than the budget: not stored
+    assert c.get("huge") is None and c.nbytes == 80
+    with pytest.raises(ValueError, match="max_bytes must be >= 0, got -1"):
+        ByteLRUCache(-1)
+
+
+def test_failure_cache_expires():
+    f = FailureCache(ttl_s=0.05)
+    f.put("k", ValueError("x"))
+    assert isinstance(f.get("k"), ValueError)
+    time.sleep(0.06)
+    assert f.get("k") is None
+
+
+def test_memory_cache_bounded_in_runtime(deepseek):
+    with GrammarRuntime(deepseek, "xgrammar", compile_timeout_s=None, cache_bytes=60_000) as rt:
+        sizes = []
+        for i in range(4):
+            sizes.append(rt.compile(GrammarSpec.regex(f"x{i}[a-z]{{2}}")).nbytes)
+        m = rt.metrics()
+        assert m["cache_bytes"] <= 60_000 and m["cache_entries"] < 4, (sizes, m)
+        assert m["compiles"] == 4
+
+
+def test_inflight_dedup_and_hits(deepseek):
+    with GrammarRuntime(deepseek, "xgrammar", compile_timeout_s=None) as rt:
+        spec = GrammarSpec.json_schema(nested_any_of(2))
+        f1, f2 = rt.compile_async(spec), rt.compile_async(spec)
+        assert f1 is f2
+        f1.result(60)
+        f3 = rt.compile_async(spec)
+        assert f3.done() and f3.result() is f1.result()
+        m = rt.metrics()
+        assert (m["compiles"], m["inflight_dedup"], m["cache_hits_memory"]) == (1, 1, 1)
+
+
+def test_failures_cached_with_reason(rt):
+    spec = GrammarSpec.ebnf(f'root ::= "a" missing_{rt.engine}')
+    with pytest.raises(GrammarCompileError, match=f"missing_{rt.engine}"):
+        rt.compile(spec)
+    before = rt.metrics()["cache_hits_failure"]
+    req = rt.new_request(spec)
+    assert req.ready and req.failed  # answered from the failure cache at once
+    assert rt.metrics()["cache_hits_failure"] == before + 1
+
+
+def test_auto_falls_back(deepseek):
+    spec = GrammarSpec.json_schema({"type": "array", "uniqueItems": True})
+    with GrammarRuntime(deepseek, "auto", compile_timeout_s=None) as rt:
+        req = rt.new_request(spec).wait(60)  # llguidance: "Unimplemented keys: uniqueItems"
+        assert req.engine_name == "xgrammar" and rt.metrics()["engine_fallbacks"] == 1
+        assert rt.new_request(GrammarSpec.regex("[ab]+")).wait(60).engine_name == "llguidance"
+        both_fail = rt.new_request(GrammarSpec.ebnf('root ::= "a" nope')).wait(60)
+        assert both_fail.failed and "every engine failed" in str(both_fail.error)
+        assert "[xgrammar]" in str(both_fail.error) and "[llguidance]" in str(both_fail.error)
+
+
+def test_disk_cache_shared_with_another_process(deepseek, tmp_path):
+    schema = {"type": "object", "properties": {"id": {"type": "integer"},
+              "name": {"type": "string", "maxLength": 20}}, "required": ["id"]}
+    spec = GrammarSpec.json_schema(schema)
+    with GrammarRuntime(deepseek, "xgrammar", compile_timeout_s=None,
+                        disk_cache_dir=str(tmp_path)) as rt:
+        first = rt.compile(spec)
+        assert first.source == "local" and rt.metrics()["cache_hits_disk"] == 0
+    files = list(tmp_path.rglob("*.grammar"))
+    assert len(files) == 1
+    script = textwrap.dedent(f"""
+        import json, numpy as np
+        from portable_guided.runtime import GrammarRuntime, GrammarSpec, load_tokenizer_info
+        info = load_tokenizer_info("deepseek", vocab_size=129_344)
+        rt = GrammarRuntime(info, "xgrammar", compile_timeout_s=None,
+                            disk_cache_dir={str(tmp_path)!r})
+        req = rt.new_request(GrammarSpec.json_schema({json.dumps(schema)!r})).wait(60)
+        bm = rt.allocate_bitmask(1)
+        req.accept_tokens(info.encode('{{"id": 5, "name'))
+        rt.fill_bitmask([req], bm)
+        np.save({str(tmp_path / "mask.npy")!r}, bm)
+        m = rt.metrics()
+        print(json.dumps({{"disk": m["cache_hits_disk"], "compiles": m["compiles"]}}))
+    """)
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"disk": 1, "compiles": 0}
+    # The mask from the deserialized grammar equals the one compiled here.
+    with GrammarRuntime(deepseek, "xgrammar", compile_timeout_s=None) as rt:
+        req = rt.new_request(spec).wait(60)
+        req.accept_tokens(deepseek.encode('{"id": 5, "name'))
+        bm = rt.allocate_bitmask(1)
+        rt.fill_bitmask([req], bm)
+    assert np.array_equal(np.load(tmp_path / "mask.npy"), bm)
+
+
+def test_pathological_spec_is_killed_while_others_decode(deepseek):
+    psutil = pytest.importorskip("psutil")
+    limit = 2.0
+    small = GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
+    with GrammarRuntime(deepseek, "xgrammar", compile_timeout_s=limit) as rt:
+        decoding = rt.new_request(small).wait(180)  # also waits for the worker to start
+        assert not decoding.failed, decoding.error
+        (pid,) = rt.worker_pids()
+        worker = psutil.Process(pid)
+        ids = deepseek.encode('{"a": 1234')
+        bm = rt.allocate_bitmask(2)
+        slow_spec = GrammarSpec.json_schema(nested_any_of(12))
+        t0 = time.monotonic()
+        slow = rt.new_request(slow_spec)
+        steps, cpu_seen = 0, []
+        while not slow.ready and time.monotonic() - t0 < 30:
+            # The other request keeps decoding while the pathological one compiles.
+            rt.fill_bitmask([decoding, slow], bm)
+            assert decoding.accept_tokens(ids) == len(ids)
+            decoding.rollback(len(ids))
+            steps += 1
+            if steps % 50 == 0 and worker.is_running():
+                try:
+                    cpu_seen.append(sum(worker.cpu_times()[:2]))
+                except psutil.NoSuchProcess:
+                    pass
+        elapsed = time.monotonic() - t0
+        assert slow.failed and isinstance(slow.error, GrammarTimeout), slow.error
+        assert elapsed <= 1.5 * limit, elapsed
+        assert steps > 20
+        assert len(cpu_seen) >= 2 and cpu_seen[-1] > cpu_seen[0]  # the worker was busy...
+        assert not psutil.pid_exists(pid)  # ...and is gone: its CPU time stopped
+        m = rt.metrics()
+        assert m["compile_timeouts"] == 1 and m["workers_killed"] == 1
+        # A replacement worker serves the next compile; the timed-out spec fails fast.
+        again = rt.new_request(slow_spec)
+        assert again.ready and again.failed
+        other = rt.new_request(GrammarSpec.regex("[0-9]+")).wait(180)
+        assert not other.failed and rt.worker_pids() != [pid]
+
+
+def test_worker_dies_with_its_parent(tmp_path):
+    # An engine process killed mid-compile must not leave its worker burning CPU.
+    psutil = pytest.importorskip("psutil")
+    script = textwrap.dedent("""
+        import sys, time
+        sys.path.insert(0, "tests/runtime")
+        from test_compile_service import nested_any_of
+        from portable_guided.runtime import GrammarRuntime, GrammarSpec, load_tokenizer_info
+        rt = GrammarRuntime(load_tokenizer_info("deepseek"), "xgrammar", compile_timeout_s=600)
+        rt.compile(GrammarSpec.regex("a"), timeout=300)
+        spec = GrammarSpec.json_schema(nested_any_of(10), validate=False)
+        rt.compile_async(spec)
+        print(rt.worker_pids()[0], flush=True)
+        time.sleep(600)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    try:
+        worker_pid = int(parent.stdout.readline())
+        worker = psutil.Process(worker_pid)
+        time.sleep(1.0)
+        assert worker.is_running() and sum(worker.cpu_times()[:2]) > 0.2  # compiling
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(worker_pid) and time.monotonic() < deadline:
+        try:
+            if psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    gone = not psutil.pid_exists(worker_pid) or \
+        psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE
+    assert gone

