@@ -184,14 +184,15 @@ class Generator:
         if not seqs:
             return []
         max_len = max(len(r.prompt_ids) + r.max_tokens for r in requests) + self.num_draft + 2
-        self.runner.reset(self.max_batch, max_len)
-        rows = self.max_batch * (self.num_draft + 1)
+        slots = min(self.max_batch, len(seqs))
+        self.runner.reset(slots, max_len)
+        rows = slots * (self.num_draft + 1)
         words = self.runtime.bitmask_words if self.runtime is not None else 1
         self._ring = [self.runner.host_buffer((rows, words)) for _ in range(2)]
         for buf in self._ring:
             buf.fill(_FILL_ALL)
         self._ring_next = 0
-        self._free = list(range(self.max_batch - 1, -1, -1))
+        self._free = list(range(slots - 1, -1, -1))
         self._waiting = deque(seqs)
         self._t0 = time.perf_counter()
         step = OverlappedStep(overlap=self.overlap)

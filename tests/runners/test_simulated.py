@@ -103,8 +103,10 @@ def test_guided_requests_need_a_runtime(sim_runtime):
 def test_mixed_batch_free_rows_unaffected_and_failures_isolated(sim_runtime):
     """Free-text rows match a free-only run; a failed compile and a rejected token fail alone.
 
-    (Regression: when every live row of a step was free text but a failed request was still in
-    the batch, a stale bitmask used to be applied.)
+    Layout (max_batch 4): rows [free0, short0, free1, short1]; the two short guided requests
+    finish together, then ``rejected`` and ``free2`` join, so ``free2`` takes the row a guided
+    request held. Regression: when every live row of a step was free text but a dead guided
+    row remained, a stale bitmask used to be applied to ``free2``'s row.
     """
     from portable_guided.runtime import GrammarCompileError, GrammarRejectedToken, GrammarSpec
 
@@ -118,8 +120,11 @@ def test_mixed_batch_free_rows_unaffected_and_failures_isolated(sim_runtime):
     for tok in [*sim_runtime.info.encode("ab"), *sim_runtime.info.stop_token_ids * 2]:
         done.accept(tok)  # restored in its final state: the next stop token is rejected
     rejected = GenerationRequest([1, 2], 8, done, "rejected")
-    guided = _requests(sim_runtime, n_free=0, max_tokens=12)
-    batch = [free[0], guided[0], broken, free[1], guided[1], rejected, free[2], guided[2]]
+    short = [
+        GenerationRequest([3, i], 8, sim_runtime.new_request(GrammarSpec.choice(["x"])), f"s{i}")
+        for i in range(2)
+    ]
+    batch = [free[0], short[0], broken, free[1], short[1], rejected, free[2]]
     outs = {o.request_id: o for o in
             Generator(runner, runtime=sim_runtime, max_batch=4).generate(batch)}
     runner.close()
@@ -128,6 +133,6 @@ def test_mixed_batch_free_rows_unaffected_and_failures_isolated(sim_runtime):
     assert outs["broken"].finish_reason == outs["rejected"].finish_reason == "error"
     for ref in alone:
         assert outs[ref.request_id].token_ids == ref.token_ids
-    for g in guided[:3]:
-        assert outs[g.request_id].finish_reason in ("stop", "length")
-        assert outs[g.request_id].error is None
+    for g in short:
+        out = outs[g.request_id]
+        assert (out.finish_reason, sim_runtime.info.decode(out.token_ids)) == ("stop", "x")
