@@ -52,7 +52,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speculative", type=int, default=0, metavar="K",
                    help="verify K prompt-lookup draft tokens per step")
-    p.add_argument("--no-overlap", action="store_true", help="fill masks after the forward")
+    ov = p.add_mutually_exclusive_group()
+    ov.add_argument("--overlap", dest="overlap", action="store_true", default=None,
+                    help="fill masks during the forward (default on accelerators)")
+    ov.add_argument("--no-overlap", dest="overlap", action="store_false",
+                    help="fill masks after the forward (default when the model runs on the CPU)")
     p.add_argument("--compact", action="store_true", help="JSON without free whitespace")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -167,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
             done[0] = tokens
 
     gen = Generator(
-        runner, runtime=runtime, overlap=not args.no_overlap, max_batch=min(args.batch, 64),
+        runner, runtime=runtime, overlap=args.overlap, max_batch=min(args.batch, 64),
         num_draft=args.speculative, on_step=on_step,
         sampling=SamplingParams(args.temperature, args.top_p, args.seed),
     )

@@ -76,6 +76,9 @@ class Runner(Protocol):
 
     vocab_size: int
     eos_token_id: int
+    #: Optional (default True): whether grammar work should overlap the forward. False for a
+    #: forward that runs on the host CPU, where both would compete for the same cores.
+    prefers_overlap: bool
 
     def reset(self, max_slots: int, max_len: int) -> None:
         """(Re)allocate the KV cache for ``max_slots`` sequences of up to ``max_len`` tokens

@@ -139,7 +139,10 @@ class Generator:
 
     ``runtime`` is the :class:`portable_guided.runtime.GrammarRuntime` whose requests appear in
     :attr:`GenerationRequest.grammar` (needed only for guided requests). ``overlap`` runs grammar
-    work during the forward; ``num_draft`` > 0 turns on speculative decoding with ``draft``.
+    work during the forward; ``None`` (default) asks the runner (``runner.prefers_overlap``:
+    True on accelerators, False when the forward itself runs on the host CPU, where the two
+    would compete for the same cores); ``num_draft`` > 0 turns on speculative decoding with
+    ``draft``.
 
     Example::
 
@@ -153,7 +156,7 @@ class Generator:
         runner: Runner,
         *,
         runtime: Any = None,
-        overlap: bool = True,
+        overlap: bool | None = None,
         max_batch: int = 32,
         num_draft: int = 0,
         draft: NgramDraft | None = None,
@@ -166,7 +169,9 @@ class Generator:
             raise ValueError(f"num_draft must be >= 0, got {num_draft}")
         self.runner = runner
         self.runtime = runtime
-        self.overlap = overlap
+        self.overlap = (
+            bool(getattr(runner, "prefers_overlap", True)) if overlap is None else overlap
+        )
         self.max_batch = max_batch
         self.num_draft = num_draft
         self.draft = draft or NgramDraft()

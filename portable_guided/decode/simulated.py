@@ -48,6 +48,7 @@ class SimulatedRunner:
     """
 
     framework = "simulated"
+    prefers_overlap = True  # the forward leaves the CPU free, like an accelerator
 
     def __init__(
         self, vocab_size: int, eos_token_id: int, forward_s: float, *, pool_rows: int = 64,

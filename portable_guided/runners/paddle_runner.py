@@ -168,6 +168,8 @@ class PaddleRunner:
         self.eos_token_id = model.spec.eos_token_id
         self._lengths: dict[int, int] = {}
         self._gpu = "gpu" in str(paddle.get_device())
+        #: Overlap grammar work with the forward only when the forward is not on these cores.
+        self.prefers_overlap = not str(paddle.get_device()).startswith("cpu")
         self._side = paddle.device.Stream() if self._gpu else None
         self._upload_events: dict[int, Any] = {}
         self._seed: int | None = None

@@ -177,6 +177,8 @@ class TorchRunner:
         self.eos_token_id = model.spec.eos_token_id
         self._lengths: dict[int, int] = {}
         self._cuda = self.device.type == "cuda"
+        #: Overlap grammar work with the forward only when the forward is not on these cores.
+        self.prefers_overlap = self.device.type != "cpu"
         self._side = torch.cuda.Stream(self.device) if self._cuda else None
         self._upload_events: dict[int, torch.cuda.Event] = {}
         self._generator: torch.Generator | None = None

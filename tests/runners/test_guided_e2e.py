@@ -65,7 +65,7 @@ def schemas():
 
 @pytest.fixture(scope="module")
 def torch_guided(torch_runner, runtime, tokenizer, schemas):
-    gen = Generator(torch_runner, runtime=runtime, max_batch=24)
+    gen = Generator(torch_runner, runtime=runtime, max_batch=24, overlap=True)
     return gen.generate(_guided(runtime, tokenizer, schemas))
 
 
@@ -76,7 +76,7 @@ def test_torch_outputs_validate(torch_guided, schemas, tokenizer):
 def test_speculative_is_token_identical_under_greedy(torch_runner, runtime, tokenizer, schemas,
                                                      torch_guided):
     few = schemas[:6] + schemas[12:18]
-    gen = Generator(torch_runner, runtime=runtime, max_batch=12, num_draft=4)
+    gen = Generator(torch_runner, runtime=runtime, max_batch=12, num_draft=4, overlap=True)
     spec = gen.generate(_guided(runtime, tokenizer, few))
     assert gen.stats.accepted_draft_tokens > 0  # the drafts really were used
     ref = {o.request_id: o for o in torch_guided}

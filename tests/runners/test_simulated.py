@@ -95,6 +95,7 @@ def test_requests_join_as_slots_free(sim_runtime):
 
 def test_guided_requests_need_a_runtime(sim_runtime):
     runner = SimulatedRunner(49152, 2, forward_s=0.0)
+    assert Generator(runner).overlap is True  # an accelerator-like device overlaps by default
     with pytest.raises(ValueError, match="need Generator\\(runtime=...\\)"):
         Generator(runner).generate(_requests(sim_runtime))
     runner.close()

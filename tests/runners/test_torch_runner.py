@@ -99,3 +99,9 @@ def test_forward_rejects_bad_input(torch_runner):
         torch_runner.forward([0], np.zeros((1, 9), dtype=np.int64))
     with pytest.raises(ValueError, match="must be 2-D"):
         torch_runner.forward([0], np.zeros(3, dtype=np.int64))
+
+
+def test_overlap_defaults_off_when_the_forward_runs_on_the_cpu(torch_runner):
+    # On the CPU the fill would compete with the forward for the same cores (see docs).
+    assert Generator(torch_runner).overlap is False
+    assert Generator(torch_runner, overlap=True).overlap is True
