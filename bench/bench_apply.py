@@ -1,0 +1,201 @@
+"""Benchmark apply_token_mask side by side with xgrammar's kernels and the memory bound.
+
+CPU (default): our CPU kernel vs xgrammar's ``cpu`` and ``torch_native`` backends and an
+in-place read+write of the same logits (the bandwidth bound: ``mul_(1.0)`` on torch's thread
+pool, and a one-thread NumPy ``|= 0`` on the bits, like our kernel), for every batch,
+vocabulary, dtype and mask kind asked for. Logits buffers are rotated so that the set in use
+is larger than the CPU cache; each cell reports the median of its repetitions.
+
+CUDA (``--device cuda``): our CUDA path vs xgrammar's ``triton`` and ``cuda`` backends and the
+same read+write bound, timed with CUDA events.
+
+    python bench/bench_apply.py --json bench/results/apply_cpu.json
+    python bench/bench_apply.py --quick            # a smaller grid
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform as host_platform
+import statistics
+import sys
+import time
+from importlib.metadata import version
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import portable_guided as pg  # noqa: E402
+
+CACHE_BYTES = 128 * 2**20  # rotate through more logits memory than any L3 here
+JSON_ALLOWED = 40  # allowed tokens per row in a JSON-like mask
+
+
+def make_bitmask(kind: str, batch: int, vocab: int, rng: np.random.Generator) -> np.ndarray:
+    words = -(-vocab // 32)
+    if kind == "all-allowed":
+        return np.full((batch, words), -1, np.int32)
+    if kind == "half":
+        return rng.integers(-(2**31), 2**31, (batch, words), dtype=np.int64).astype(np.int32)
+    bitmask = np.zeros((batch, words), np.uint32)
+    for row in range(batch):
+        tokens = rng.choice(vocab, JSON_ALLOWED, replace=False)
+        bits = np.uint32(1) << (tokens % 32).astype(np.uint32)
+        np.bitwise_or.at(bitmask[row], tokens // 32, bits)
+    return bitmask.view(np.int32)
+
+
+def implementations(device: str):
+    import xgrammar as xgr
+
+    def xgr_backend(name):
+        def apply(logits, bitmask):
+            xgr.apply_token_bitmask_inplace(logits, bitmask, backend=name)
+
+        return apply
+
+    def read_write_one_thread(logits, bitmask):
+        view = logits.view(torch.int16 if logits.element_size() == 2 else torch.int32).numpy()
+        np.bitwise_or(view, 0, out=view)
+
+    impls = {
+        "ours": lambda logits, bitmask: pg.apply_token_mask(logits, bitmask),
+        # In-place read+write of the same logits: torch (its thread pool) and one thread.
+        "read+write": lambda logits, bitmask: logits.mul_(1.0),
+    }
+    if device == "cpu":
+        impls["read+write-1t"] = read_write_one_thread
+    if device == "cpu":
+        impls["xgr-cpu"] = xgr_backend("cpu")
+        impls["xgr-torch_native"] = xgr_backend("torch_native")
+    else:
+        impls["xgr-triton"] = xgr_backend("triton")
+        impls["xgr-cuda"] = xgr_backend("cuda")
+    return impls
+
+
+def time_cell(fn, buffers, bitmask, device, min_reps, budget_s):
+    """Median seconds of ``fn`` over rotated buffers (at least ``min_reps`` calls)."""
+    fn(buffers[0], bitmask)  # warm-up (compiles, allocations)
+    samples: list[float] = []
+    start = time.perf_counter()
+    i = 0
+    def more() -> bool:
+        in_budget = time.perf_counter() - start < budget_s and len(samples) < 200
+        return len(samples) < min_reps or in_budget
+
+    while more():
+        logits = buffers[i % len(buffers)]
+        i += 1
+        if device == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn(logits, bitmask)
+            end.record()
+            end.synchronize()
+            samples.append(begin.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn(logits, bitmask)
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples), len(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--batches", default="1,8,64,256")
+    parser.add_argument("--vocabs", default="49152,129280,151936")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--masks", default="json,half,all-allowed")
+    parser.add_argument("--impls", default=None, help="comma list; default: all")
+    parser.add_argument("--quick", action="store_true", help="batch 1,64; vocab 129280; float32")
+    parser.add_argument("--min-reps", type=int, default=7)
+    parser.add_argument("--budget", type=float, default=0.5, help="seconds per cell")
+    parser.add_argument("--json", default=None, help="write results here")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    args = parser.parse_args()
+    if args.quick:
+        args.batches, args.vocabs, args.dtypes = "1,64", "129280", "float32"
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    impls = implementations(args.device)
+    if args.impls:
+        impls = {k: v for k, v in impls.items() if k in args.impls.split(",")}
+    rows = []
+    for dtype_name in args.dtypes.split(","):
+        dtype = getattr(torch, dtype_name)
+        for vocab in map(int, args.vocabs.split(",")):
+            for batch in map(int, args.batches.split(",")):
+                size = batch * vocab * dtype.itemsize
+                count = max(2, math.ceil(CACHE_BYTES / size))
+                buffers = [torch.randn(batch, vocab, device=args.device).to(dtype)
+                           for _ in range(count)]
+                for mask in args.masks.split(","):
+                    host_mask = torch.from_numpy(make_bitmask(mask, batch, vocab, rng))
+                    bitmask = host_mask.to(args.device)
+                    cell = {"batch": batch, "vocab": vocab, "dtype": dtype_name, "mask": mask}
+                    for name, fn in impls.items():
+                        arg = host_mask if name == "ours" else bitmask
+                        median, reps = time_cell(fn, buffers, arg, args.device, args.min_reps,
+                                                 args.budget)
+                        cell[name] = median * 1e3
+                        cell[f"{name}_reps"] = reps
+                    rows.append(cell)
+                    print(format_row(cell, impls), flush=True)
+                del buffers
+
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python " + " ".join(sys.argv),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else cpu_name(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "numpy": np.__version__,
+        "xgrammar": version("xgrammar"),
+        "unit": "milliseconds, median",
+    }
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "results": rows}, f, indent=1)
+    print(json.dumps(meta))
+
+
+def format_row(cell: dict, impls: dict) -> str:
+    head = f"{cell['dtype']:>8} V={cell['vocab']:>6} B={cell['batch']:>3} {cell['mask']:>11}"
+    times = " ".join(f"{k}={cell[k]:8.3f}" for k in impls)
+    ours = cell.get("ours")
+    ratios = ""
+    if ours:
+        for ref in ("xgr-cpu", "xgr-triton"):
+            if ref in cell:
+                ratios += f" speedup_vs_{ref}={cell[ref] / ours:5.1f}x"
+        if "read+write" in cell:
+            ratios += f" ours/rw={ours / cell['read+write']:4.2f}"
+        if "read+write-1t" in cell:
+            ratios += f" ours/rw1t={ours / cell['read+write-1t']:4.2f}"
+    return f"{head} {times}{ratios}"
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return host_platform.processor() or "unknown CPU"
+
+
+if __name__ == "__main__":
+    main()

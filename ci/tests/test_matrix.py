@@ -1,0 +1,149 @@
+"""Tests of the matrix runner: platform files, hardware probes, the workflow, the summary."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ci.lanes import PLATFORMS_DIR, REPO_ROOT, LaneError, load_lane, load_lanes, probe_hardware
+from ci.matrix import parse_pytest_summary, run_lane
+
+EXPECTED_LANES = {"cpu", "paddle", "xla-cpu", "cuda", "tpu", "xpu", "npu"}
+WORKFLOW = REPO_ROOT / ".github" / "workflows" / "matrix.yml"
+
+_MINIMAL = """
+name = "{name}"
+summary = "a test lane"
+needs_hardware = {needs}
+[install]
+steps = [["numpy"]]
+[tests]
+markers = "demo"
+[github]
+runs_on = ["ubuntu-latest"]
+{extra}
+"""
+
+
+def _write_lane(tmp_path: Path, name: str = "demo", needs: str = "false", extra: str = "") -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(_MINIMAL.format(name=name, needs=needs, extra=extra), encoding="utf-8")
+    return path
+
+
+def test_every_platform_is_declared() -> None:
+    lanes = load_lanes()
+    assert set(lanes) == EXPECTED_LANES
+    for lane in lanes.values():
+        assert lane.test_paths and lane.markers and lane.runs_on
+        assert lane.venv == REPO_ROOT / f".venv-{lane.name}"
+
+
+def test_lanes_without_hardware_are_exactly_the_hosted_ones() -> None:
+    lanes = load_lanes()
+    runnable_anywhere = {name for name, lane in lanes.items() if not lane.needs_hardware}
+    assert runnable_anywhere == {"cpu", "paddle", "xla-cpu"}
+    assert {name for name, lane in lanes.items() if lane.self_hosted} == EXPECTED_LANES - runnable_anywhere
+
+
+def test_xla_lane_pins_torch_to_what_torch_xla_needs() -> None:
+    lane = load_lanes()["xla-cpu"]
+    assert "torch==2.9.0" in lane.constraints and "torch_xla==2.9.0" in lane.constraints
+    assert lane.env["PJRT_DEVICE"] == "CPU"
+    # torch must be installed before torch_xla so pip resolves torch_xla against it.
+    flat = [req for step in lane.steps for req in step]
+    assert flat.index("torch==2.9.0") < flat.index("torch_xla==2.9.0")
+
+
+def test_workflow_matrix_matches_platform_files() -> None:
+    yaml = pytest.importorskip("yaml")
+    workflow = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
+    lanes = load_lanes()
+    seen = {}
+    for job_name, job in workflow["jobs"].items():
+        for entry in job["strategy"]["matrix"]["include"]:
+            assert entry["lane"] not in seen, f"lane {entry['lane']} appears twice"
+            seen[entry["lane"]] = (job_name, tuple(entry["runs-on"]))
+    assert set(seen) == set(lanes)
+    for name, (job_name, runs_on) in seen.items():
+        assert runs_on == lanes[name].runs_on, name
+        assert (job_name == "accelerators") == lanes[name].self_hosted, name
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("[tests2]\nx = 1", "unknown key"),
+        ("[probe]\nhnt = 'typo'", "unknown key"),
+        ("[env]\nN = 1", "values must be strings"),
+    ],
+)
+def test_schema_errors_name_the_problem(tmp_path: Path, extra: str, message: str) -> None:
+    with pytest.raises(LaneError, match=message):
+        load_lane(_write_lane(tmp_path, extra=extra))
+
+
+def test_name_must_match_file(tmp_path: Path) -> None:
+    path = _write_lane(tmp_path)
+    path.rename(tmp_path / "other.toml")
+    with pytest.raises(LaneError, match="'demo' must equal the file name 'other'"):
+        load_lane(tmp_path / "other.toml")
+
+
+def test_hardware_lane_needs_a_probe(tmp_path: Path) -> None:
+    with pytest.raises(LaneError, match="has no any_path/any_command"):
+        load_lane(_write_lane(tmp_path, needs="true"))
+
+
+def test_probe_by_path_and_command(tmp_path: Path) -> None:
+    device = tmp_path / "accel0"
+    glob = str(tmp_path / "accel*")
+    absent = load_lane(_write_lane(tmp_path, needs="true",
+                                   extra=f"[probe]\nany_path = ['{glob}']\nhint = 'no accel here'"))
+    assert probe_hardware(absent) == (False, "no accel here")
+    device.touch()
+    assert probe_hardware(absent) == (True, f"found {device}")
+    by_command = load_lane(_write_lane(tmp_path, needs="true",
+                                       extra="[probe]\nany_command = [['false'], ['true']]"))
+    assert probe_hardware(by_command) == (True, "`true` succeeded")
+    failing = load_lane(_write_lane(tmp_path, needs="true",
+                                    extra="[probe]\nany_command = [['false'], ['no-such-tool-xyz']]"))
+    assert probe_hardware(failing)[0] is False
+
+
+def test_missing_hardware_skips_or_fails_on_request(tmp_path: Path) -> None:
+    lane = load_lane(_write_lane(tmp_path, needs="true", extra=(
+        f"[probe]\nany_path = ['{tmp_path}/nothing*']\nhint = 'no demo device'")))
+    skipped = run_lane(lane)
+    assert (skipped.status, skipped.reason) == ("skipped", "no demo device")
+    assert run_lane(lane, require_hardware=True).status == "failed"
+
+
+def test_parse_pytest_summary() -> None:
+    lines = ["collected 9 items", "", "=== 5 passed, 2 skipped, 1 deselected, 1 error in 3.2s ==="]
+    assert parse_pytest_summary(lines) == {"passed": 5, "skipped": 2, "deselected": 1, "error": 1}
+    assert parse_pytest_summary(["==== 3 failed, 1 passed in 0.1s ===="]) == {"failed": 3, "passed": 1}
+    assert parse_pytest_summary(["nothing here"]) == {}
+
+
+def test_cli_lists_lanes_and_rejects_unknown_ones() -> None:
+    script = str(REPO_ROOT / "ci" / "matrix.py")
+    listed = subprocess.run([sys.executable, script, "--list"], capture_output=True, text=True,
+                            check=True, cwd=REPO_ROOT)
+    rows = {line.split()[0]: line.split()[1] for line in listed.stdout.splitlines()}
+    assert set(rows) == EXPECTED_LANES
+    assert all(rows[name] == "runs" for name in ("cpu", "paddle", "xla-cpu"))
+    bad = subprocess.run([sys.executable, script, "--lane", "gpu9000"], capture_output=True,
+                         text=True, check=False, cwd=REPO_ROOT)
+    assert bad.returncode == 2
+    assert "gpu9000" in bad.stderr and "xla-cpu" in bad.stderr
+
+
+def test_platform_readme_documents_every_key() -> None:
+    readme = (PLATFORMS_DIR / "README.md").read_text(encoding="utf-8")
+    for key in ("needs_hardware", "constraints", "steps", "extras", "paths", "markers",
+                "keywords", "timeout_minutes", "any_path", "any_command", "hint", "runs_on"):
+        assert f"`{key}`" in readme or f"] {key}`" in readme, key

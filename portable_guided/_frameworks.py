@@ -1,0 +1,58 @@
+"""Recognize tensors of Torch, Paddle and NumPy without importing any of them.
+
+A tensor can only come from a framework that is already imported, so looking the framework
+up in ``sys.modules`` keeps ``import portable_guided`` light.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["FRAMEWORKS", "framework_of", "device_type_of", "dtype_name"]
+
+FRAMEWORKS = ("torch", "paddle", "numpy")
+
+
+def framework_of(x: Any) -> str:
+    """Return ``"torch"``, ``"paddle"`` or ``"numpy"`` for a tensor of that framework."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return "torch"
+    paddle = sys.modules.get("paddle")
+    if paddle is not None and isinstance(x, paddle.Tensor):
+        return "paddle"
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(x, numpy.ndarray):
+        return "numpy"
+    raise TypeError(
+        f"expected a torch.Tensor, paddle.Tensor or numpy.ndarray, got {type(x).__module__}."
+        f"{type(x).__qualname__}"
+    )
+
+
+def device_type_of(x: Any, framework: str) -> str:
+    """The device family holding ``x``: ``cpu``, ``cuda`` (also ROCm and Paddle GPU), ``xla``,
+    ``xpu``, ``npu`` or whatever name the framework reports for other devices."""
+    if framework == "numpy":
+        return "cpu"
+    if framework == "torch":
+        return x.device.type
+    place = x.place
+    if place.is_cpu_place() or place.is_cuda_pinned_place():
+        return "cpu"
+    if place.is_gpu_place():
+        return "cuda"
+    if place.is_xpu_place():
+        return "xpu"
+    if place.is_custom_place():
+        return place.custom_device_type()
+    raise TypeError(f"unrecognized Paddle place {place}")
+
+
+def dtype_name(x: Any, framework: str) -> str:
+    """The element type as a short name (``float32``, ``bfloat16``, ``int32``, ...)."""
+    if framework == "numpy":
+        return str(x.dtype)
+    # torch.float32 -> "float32"; paddle.float32 -> "paddle.float32" -> "float32"
+    return str(x.dtype).rsplit(".", 1)[-1]

@@ -1,0 +1,63 @@
+"""The entrypoint: :func:`apply_token_mask`."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from .platform import Platform
+from .registry import REGISTRY
+from .validation import plan_mask
+
+__all__ = ["apply_token_mask"]
+
+T = TypeVar("T")
+
+
+def apply_token_mask(
+    logits: T,
+    bitmask: Any,
+    *,
+    indices: Any = None,
+    vocab_size: int | None = None,
+    platform: str | Platform | None = None,
+) -> T:
+    """Set the logits of disallowed tokens to ``-inf``, on whatever device they live.
+
+    The semantics are exactly those of ``xgrammar.apply_token_bitmask_inplace``: token ``t``
+    of row ``r`` is allowed when bit ``t % 32`` of ``bitmask[r, t // 32]`` is set.
+
+    Args:
+        logits: ``torch.Tensor``, ``paddle.Tensor`` or ``numpy.ndarray``, 1-D or 2-D, float32,
+            float16 or bfloat16, any row stride (a column slice of a wider tensor works).
+        bitmask: int32 words, 1-D or 2-D, in any of those frameworks, on the CPU or on the
+            logits' device.
+        indices: rows to mask (a list or an integer tensor); each index selects a row of both
+            the logits and the bitmask, so their row counts may differ. Default: every row,
+            and then the bitmask needs one row per logits row.
+        vocab_size: mask only columns ``[0, vocab_size)``. Default: as many columns as both
+            cover; a bitmask narrower than the logits warns.
+        platform: force a platform by name (or object) instead of choosing from the device;
+            the environment variable ``PORTABLE_GUIDED_PLATFORM`` does the same.
+
+    Returns:
+        ``logits`` itself, masked in place. Every built-in platform writes in place; a
+        platform whose ``Platform.in_place`` is false returns a new masked tensor instead.
+
+    Raises:
+        TypeError, ValueError: bad input (the message names the values); the logits are left
+            untouched.
+        ImportError: the chosen platform needs a library that is missing (with an install hint).
+
+    Example::
+
+        import torch, portable_guided as pg
+        logits = torch.randn(2, 100)
+        bitmask = torch.zeros(2, 4, dtype=torch.int32)   # nothing allowed...
+        bitmask[:, 0] = 0b1                              # ...but token 0
+        pg.apply_token_mask(logits, bitmask)             # logits[:, 1:] is now -inf
+    """
+    resolution = REGISTRY.resolve(logits, platform)
+    plan = plan_mask(logits, bitmask, indices=indices, vocab_size=vocab_size, stacklevel=2)
+    if plan.is_noop:
+        return logits
+    return resolution.kernel(logits, bitmask, plan)

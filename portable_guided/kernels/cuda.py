@@ -1,0 +1,110 @@
+"""The in-place CUDA/ROCm kernel for Torch and Paddle logits.
+
+Torch logits go to xgrammar's Triton kernel. Paddle logits become a zero-copy Torch view
+through DLPack and are masked in Paddle's memory, on Paddle's current stream. A host bitmask
+(and the row indices) go to the device in one non-blocking copy from pinned memory; nothing in
+the call waits for the device.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+from xgrammar.kernels.apply_token_bitmask_inplace_triton import apply_token_bitmask_inplace_triton
+
+from ..dlpack import host_int32, to_torch
+from ..validation import MaskPlan
+
+__all__ = ["apply_cuda_torch", "apply_cuda_paddle", "PinnedStaging"]
+
+
+class PinnedStaging:
+    """Two pinned host buffers used in turn for host-to-device copies.
+
+    A buffer is refilled only after the copy issued from it two calls earlier has finished
+    (its event), which in a decode loop has always happened long before. Safe to share
+    between threads.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: list[torch.Tensor | None] = [None, None]
+        self._events: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
+        self._lock = threading.Lock()
+
+    def to_device(self, host: np.ndarray, device: torch.device) -> torch.Tensor:
+        """Copy a 1-D int32 array to ``device`` without blocking; returns the device tensor."""
+        with self._lock:
+            return self._to_device(host, device)
+
+    def _to_device(self, host: np.ndarray, device: torch.device) -> torch.Tensor:
+        turn, self._turn = self._turn, self._turn ^ 1
+        if self._events[turn] is not None:
+            self._events[turn].synchronize()
+        buffer = self._buffers[turn]
+        if buffer is None or buffer.numel() < host.size:
+            buffer = torch.empty(max(host.size, 1024), dtype=torch.int32, pin_memory=True)
+            self._buffers[turn] = buffer
+        staged = buffer[: host.size]
+        staged.numpy()[:] = host
+        on_device = staged.to(device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._events[turn] = event
+        return on_device
+
+
+_staging: dict[int, PinnedStaging] = {}
+
+
+def _device_inputs(
+    bitmask: Any, plan: MaskPlan, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The bitmask (2-D, int32, on ``device``) and the row indices (int32, on ``device``)."""
+    rows = None if plan.rows is None else plan.rows.astype(np.int32)
+    shape = (plan.bitmask_rows, plan.bitmask_words)
+    if not plan.bitmask_on_host:
+        mask = to_torch(bitmask).reshape(shape)
+        if rows is None:
+            return mask, None
+        return mask, _staging_for(device).to_device(rows, device)
+    words = np.ascontiguousarray(host_int32(bitmask)).reshape(-1)
+    packed = words if rows is None else np.concatenate([words, rows])
+    on_device = _staging_for(device).to_device(packed, device)
+    mask = on_device[: words.size].view(shape)
+    return mask, None if rows is None else on_device[words.size :]
+
+
+def _staging_for(device: torch.device) -> PinnedStaging:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _staging.setdefault(index, PinnedStaging())
+
+
+def apply_cuda_torch(logits: torch.Tensor, bitmask: Any, plan: MaskPlan) -> torch.Tensor:
+    """Mask CUDA Torch logits in place on the current stream; returns ``logits``."""
+    table = logits.view(plan.batch, plan.width)
+    if table.stride(1) != 1:
+        # The Triton kernel addresses columns contiguously; the static graph takes any strides.
+        from .static_torch import apply_static_torch
+
+        return apply_static_torch(logits, bitmask, plan)
+    mask, rows = _device_inputs(bitmask, plan, logits.device)
+    if mask.stride() != (mask.shape[1], 1):
+        mask = mask.contiguous()  # the kernel reads the row stride as the row length
+    apply_token_bitmask_inplace_triton(table, mask, plan.vocab_size, rows)
+    return logits
+
+
+def apply_cuda_paddle(logits: Any, bitmask: Any, plan: MaskPlan) -> Any:
+    """Mask Paddle GPU logits in place, in Paddle's memory and on Paddle's current stream;
+    returns ``logits``."""
+    import paddle
+
+    view = to_torch(logits)  # zero-copy
+    stream = paddle.device.current_stream(logits.place).stream_base.cuda_stream
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=view.device)):
+        apply_cuda_torch(view, bitmask, plan)
+    return logits

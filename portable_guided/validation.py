@@ -1,0 +1,195 @@
+"""Input checks shared by every implementation of ``apply_token_mask``.
+
+Everything is checked before any implementation runs, so bad input never leaves logits half
+written, and every implementation receives the same normalized :class:`MaskPlan`.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._frameworks import device_type_of, dtype_name, framework_of
+
+__all__ = ["LOGIT_DTYPES", "MaskPlan", "plan_mask"]
+
+LOGIT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class MaskPlan:
+    """A validated, framework-neutral description of one ``apply_token_mask`` call.
+
+    Attributes:
+        batch: rows of the logits (1 for 1-D logits).
+        width: columns of the logits.
+        bitmask_rows: rows of the bitmask (1 for a 1-D bitmask).
+        bitmask_words: int32 words per bitmask row.
+        vocab_size: columns ``[0, vocab_size)`` are masked; later columns are left as they are.
+        rows: row indices to mask (each one a row of both logits and bitmask), or ``None``
+            for every row (then ``bitmask_rows == batch``).
+        dtype: the logits' element type name.
+        framework: ``torch``, ``paddle`` or ``numpy`` (of the logits).
+        device_type: device family of the logits.
+        bitmask_framework: framework of the bitmask.
+        bitmask_on_host: whether the bitmask is in host memory.
+    """
+
+    batch: int
+    width: int
+    bitmask_rows: int
+    bitmask_words: int
+    vocab_size: int
+    rows: np.ndarray | None
+    dtype: str
+    framework: str
+    device_type: str
+    bitmask_framework: str
+    bitmask_on_host: bool
+
+    @property
+    def is_noop(self) -> bool:
+        """True when the call has nothing to mask (no rows selected or no columns)."""
+        return self.vocab_size == 0 or (self.rows is not None and self.rows.size == 0)
+
+    @property
+    def masked_rows(self) -> np.ndarray:
+        """Row indices to mask, as an int64 array."""
+        return np.arange(self.batch) if self.rows is None else self.rows
+
+
+def _as_index_array(indices: Any) -> np.ndarray:
+    if isinstance(indices, (list, tuple, range)):
+        try:
+            return np.array([operator.index(i) for i in indices], dtype=np.int64)
+        except TypeError:
+            raise TypeError(
+                f"indices must hold integers, got {[type(i).__name__ for i in indices][:5]}"
+            ) from None
+    try:
+        framework = framework_of(indices)
+    except TypeError:
+        raise TypeError(
+            f"indices must be a list of ints or an integer tensor, got {type(indices).__name__}"
+        ) from None
+    kind = dtype_name(indices, framework)
+    if not (kind.startswith("int") or kind.startswith("uint")):
+        raise TypeError(f"indices must have an integer dtype, got {kind}")
+    if len(indices.shape) != 1:
+        raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
+    if framework == "numpy":
+        return indices.astype(np.int64)
+    # A device tensor costs one device-to-host copy here; pass a list to avoid it.
+    return np.asarray(indices.tolist(), dtype=np.int64)
+
+
+def plan_mask(
+    logits: Any,
+    bitmask: Any,
+    *,
+    indices: Any = None,
+    vocab_size: int | None = None,
+    stacklevel: int = 2,
+) -> MaskPlan:
+    """Check the arguments of ``apply_token_mask`` and describe the work.
+
+    Raises ``TypeError`` or ``ValueError`` naming the offending values.
+    """
+    framework = framework_of(logits)
+    dtype = dtype_name(logits, framework)
+    shape = tuple(logits.shape)
+    if len(shape) not in (1, 2):
+        raise ValueError(f"logits should be 1-D or 2-D, got {len(shape)}-D with shape {shape}")
+    if dtype not in LOGIT_DTYPES:
+        raise TypeError(f"logits dtype must be one of {', '.join(LOGIT_DTYPES)}, got {dtype}")
+
+    try:
+        bitmask_framework = framework_of(bitmask)
+    except TypeError:
+        raise TypeError(
+            f"bitmask must be a torch.Tensor, paddle.Tensor or numpy.ndarray, "
+            f"got {type(bitmask).__name__}"
+        ) from None
+    bitmask_dtype = dtype_name(bitmask, bitmask_framework)
+    bitmask_shape = tuple(bitmask.shape)
+    if bitmask_dtype != "int32":
+        raise TypeError(f"bitmask must be int32, got {bitmask_dtype}")
+    if len(bitmask_shape) not in (1, 2):
+        raise ValueError(
+            f"bitmask should be 1-D or 2-D, got {len(bitmask_shape)}-D with shape {bitmask_shape}"
+        )
+
+    device_type = device_type_of(logits, framework)
+    bitmask_device = device_type_of(bitmask, bitmask_framework)
+    if bitmask_device not in ("cpu", device_type):
+        raise ValueError(
+            f"bitmask must be on the CPU or on the logits' device ({device_type}), "
+            f"got {bitmask_device}"
+        )
+    if bitmask_device != "cpu" and bitmask_framework != framework:
+        raise ValueError(
+            f"a device bitmask must come from the logits' framework ({framework}), "
+            f"got a {bitmask_framework} tensor on {bitmask_device}"
+        )
+
+    batch, width = (1, shape[0]) if len(shape) == 1 else shape
+    bitmask_rows, words = (1, bitmask_shape[0]) if len(bitmask_shape) == 1 else bitmask_shape
+
+    covered = 32 * words
+    if vocab_size is None:
+        if covered < width:
+            warnings.warn(
+                f"the bitmask covers {covered} tokens but the logits have {width} columns, so "
+                f"logits[..., {covered}:] stay unmasked; allocate the bitmask for the full "
+                "vocabulary or pass vocab_size",
+                stacklevel=stacklevel + 1,
+            )
+        vocab_size = min(width, covered)
+    else:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
+            raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
+        vocab_size = int(vocab_size)
+        if not 0 <= vocab_size <= min(width, covered):
+            raise ValueError(
+                f"vocab_size {vocab_size} must be in [0, {min(width, covered)}]: the logits "
+                f"have {width} columns and the bitmask covers {covered} tokens ({words} words)"
+            )
+
+    rows: np.ndarray | None = None
+    if indices is None:
+        if bitmask_rows != batch:
+            raise ValueError(
+                f"without indices the bitmask needs one row per logits row, got {bitmask_rows} "
+                f"bitmask rows for {batch} logits rows"
+            )
+    else:
+        rows = _as_index_array(indices)
+        limit = min(batch, bitmask_rows)
+        bad = rows[(rows < 0) | (rows >= limit)]
+        if bad.size:
+            raise ValueError(
+                f"indices {bad[:8].tolist()} out of range [0, {limit}) (logits have {batch} rows, "
+                f"bitmask has {bitmask_rows})"
+            )
+        unique, counts = np.unique(rows, return_counts=True)
+        if unique.size != rows.size:
+            duplicates = unique[counts > 1][:8].tolist()
+            raise ValueError(f"indices must be unique, got duplicates {duplicates}")
+
+    return MaskPlan(
+        batch=batch,
+        width=width,
+        bitmask_rows=bitmask_rows,
+        bitmask_words=words,
+        vocab_size=vocab_size,
+        rows=rows,
+        dtype=dtype,
+        framework=framework,
+        device_type=device_type,
+        bitmask_framework=bitmask_framework,
+        bitmask_on_host=bitmask_device == "cpu",
+    )

@@ -1,0 +1,71 @@
+"""Test helpers: build test tensors in every framework and read them back as float32."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_PADDLE = importlib.util.find_spec("paddle") is not None
+HAS_XGRAMMAR = importlib.util.find_spec("xgrammar") is not None
+
+
+def cuda_available() -> bool:
+    if not HAS_TORCH:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def frameworks() -> list[str]:
+    """Frameworks installed here."""
+    return ["numpy"] + (["torch"] if HAS_TORCH else []) + (["paddle"] if HAS_PADDLE else [])
+
+
+def framework_params(include_numpy: bool = True) -> list:
+    """Frameworks installed here as pytest params, marked ``torch``/``paddle`` so each CI lane
+    selects its own."""
+    params = [pytest.param("numpy", id="numpy")] if include_numpy else []
+    if HAS_TORCH:
+        params.append(pytest.param("torch", id="torch", marks=pytest.mark.torch))
+    if HAS_PADDLE:
+        params.append(pytest.param("paddle", id="paddle", marks=pytest.mark.paddle))
+    return params
+
+
+def make(array: np.ndarray, framework: str, dtype: str | None = None, device: str = "cpu"):
+    """A tensor of ``framework`` holding ``array`` (cast to ``dtype``), on ``device``."""
+    dtype = dtype or str(array.dtype)
+    if framework == "numpy":
+        if device != "cpu":
+            raise ValueError(device)
+        return np.ascontiguousarray(array, dtype=dtype)
+    if framework == "torch":
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(array)).to(
+            device=device, dtype=getattr(torch, dtype)
+        )
+    import paddle
+
+    place = paddle.CPUPlace() if device == "cpu" else paddle.CUDAPlace(0)
+    tensor = paddle.to_tensor(np.ascontiguousarray(array), place=place)
+    return tensor.astype(dtype) if dtype != str(array.dtype) else tensor
+
+
+def to_f32(x) -> np.ndarray:
+    """Values of any framework's float tensor as a float32 NumPy array (a copy)."""
+    if isinstance(x, np.ndarray):
+        return x.astype(np.float32)
+    if type(x).__module__.startswith("torch"):
+        return x.detach().float().cpu().numpy()
+    return x.astype("float32").cpu().numpy()
+
+
+def skip_unless(name: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(
+        importlib.util.find_spec(name) is None, reason=f"{name} is not installed"
+    )

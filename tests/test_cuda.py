@@ -1,0 +1,94 @@
+"""CUDA/ROCm: the in-place kernel for Torch and Paddle GPU logits.
+
+Skipped without a GPU; run whenever one is present (results go under bench/results/).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import portable_guided as pg
+from portable_guided import reference_apply_token_mask as reference
+from tests.support import HAS_PADDLE, cuda_available, make, to_f32
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not cuda_available(), reason="no CUDA/ROCm device visible to torch"),
+]
+
+
+def _paddle_gpu() -> bool:
+    if not HAS_PADDLE:
+        return False
+    import paddle
+
+    return paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+
+
+def _case(rng, batch=5, width=50_000, dense_rows=(1,)):
+    words = -(-width // 32)
+    bitmask = np.zeros((batch, words), np.int32)
+    for row in range(batch):
+        bitmask[row, rng.integers(0, words, 20)] = rng.integers(1, 2**31, 20)
+    for row in dense_rows:
+        bitmask[row] = rng.integers(-(2**31), 2**31, words, dtype=np.int64).astype(np.int32)
+    return rng.standard_normal((batch, width + 7)).astype(np.float32), bitmask
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("bitmask_on", ["cpu", "cuda"])
+@pytest.mark.parametrize("indices", [None, [3, 0], "tensor"])
+def test_torch_matches_reference(dtype, bitmask_on, indices):
+    import torch
+
+    rng = np.random.default_rng(1)
+    values, bitmask = _case(rng)
+    wide = make(values, "torch", dtype, device="cuda")
+    logits = wide[:, 3:-4]  # strided rows
+    before = to_f32(logits)
+    index_arg = torch.tensor([3, 0], device="cuda") if indices == "tensor" else indices
+    index_list = [3, 0] if indices else None
+    expected = reference(before, bitmask, indices=index_list)
+    resolution = pg.resolve(logits)
+    assert resolution.platform.name == "cuda" and resolution.strategy == "in-place kernel"
+    out = pg.apply_token_mask(logits, make(bitmask, "torch", device=bitmask_on),
+                              indices=index_arg)
+    assert out is logits
+    np.testing.assert_array_equal(to_f32(logits), expected)
+
+
+def test_torch_host_bitmask_call_does_not_synchronize():
+    import torch
+
+    rng = np.random.default_rng(2)
+    values, bitmask = _case(rng, batch=8)
+    logits = make(values, "torch", device="cuda")
+    host = torch.from_numpy(bitmask)
+    pg.apply_token_mask(logits, host)  # warm: staging buffers, Triton compile
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            pg.apply_token_mask(logits, host, indices=[0, 5])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.skipif(not _paddle_gpu(), reason="paddle is not built with CUDA or sees no GPU")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_paddle_gpu_in_place_zero_copy(dtype):
+    import paddle
+
+    rng = np.random.default_rng(3)
+    values, bitmask = _case(rng)
+    logits = make(values, "paddle", dtype, device="cuda")
+    pointer = logits.data_ptr()
+    expected = reference(to_f32(logits), bitmask)
+    # Work queued on Paddle's stream before the call must be ordered before the mask.
+    logits.scale_(1.0)
+    out = pg.apply_token_mask(logits, bitmask)
+    assert out is logits and logits.data_ptr() == pointer
+    paddle.device.synchronize()
+    np.testing.assert_array_equal(to_f32(logits), expected)
