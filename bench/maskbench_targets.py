@@ -218,9 +218,8 @@ def bench_disk_cache() -> dict:
 
 
 def bench_timeout(info) -> dict:
-    import psutil
-
     sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+    from runtime_helpers import cpu_seconds, process_gone
     from test_compile_service import nested_any_of
 
     out = {}
@@ -230,8 +229,7 @@ def bench_timeout(info) -> dict:
         rt = GrammarRuntime(info, "xgrammar", compile_timeout_s=limit)
         dec = rt.new_request(small).wait(300)
         (pid,) = rt.worker_pids()
-        proc = psutil.Process(pid)
-        cpu0 = sum(proc.cpu_times()[:2])
+        cpu0 = cpu_seconds(pid) or 0.0
         ids = info.encode('{"a": 1234}')
         bm = rt.allocate_bitmask(1)
         t0 = time.monotonic()
@@ -242,16 +240,15 @@ def bench_timeout(info) -> dict:
             dec.accept_tokens(ids)
             dec.rollback(len(ids))
             steps += 1
-            try:
-                cpu_last = sum(proc.cpu_times()[:2])
-            except psutil.NoSuchProcess:
-                pass
+            cpu = cpu_seconds(pid)
+            if cpu is not None and not process_gone(pid):
+                cpu_last = cpu
         elapsed = time.monotonic() - t0
         out[f"limit_{limit:g}s"] = {
             "stopped_after_s": elapsed, "ratio_to_limit": elapsed / limit,
             "error": type(slow.error).__name__, "decode_steps_meanwhile": steps,
             "worker_cpu_s_before_kill": cpu_last - cpu0,
-            "worker_alive_after": psutil.pid_exists(pid)}
+            "worker_alive_after": not process_gone(pid)}
         rt.close()
     out["target"] = "stopped within 1.5x of its limit; worker CPU stops"
     return out
