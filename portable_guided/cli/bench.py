@@ -77,9 +77,28 @@ def _run_maskbench(args: argparse.Namespace) -> int:
         "machine": machine_note(),
     }
     with open(args.json_out, "w", encoding="utf-8") as fh:
-        json.dump(out, fh, indent=1, default=float)
+        fh.write(_dumps(out))
     _print_table(out["modes"])
     return 0
+
+
+def _dumps(out: dict[str, Any]) -> str:
+    """JSON with one line per schema row (readable diffs, a fraction of indent=1's size)."""
+
+    def rows(values: list[dict[str, Any]]) -> str:
+        return "[\n" + ",\n".join(
+            json.dumps(r, ensure_ascii=False, separators=(",", ":")) for r in values) + "\n]"
+
+    parts = []
+    for key, val in out.items():
+        if key == "per_schema":
+            parts.append(f"{json.dumps(key)}: {rows(val)}")
+        elif key == "per_schema_by_mode":
+            inner = ",\n".join(f"{json.dumps(m)}: {rows(v)}" for m, v in val.items())
+            parts.append(f"{json.dumps(key)}: {{\n{inner}\n}}")
+        else:
+            parts.append(f"{json.dumps(key)}: {json.dumps(val, indent=1)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
 def _print_table(modes: dict[str, dict[str, Any]]) -> None:

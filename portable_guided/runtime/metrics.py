@@ -51,6 +51,17 @@ class Metrics:
                 window = self._timings[name] = deque(maxlen=self._window)
             window.append(seconds)
 
+    def record_fill(self, rows: int, seconds: float) -> None:
+        """One batch fill step (one lock round trip: this is on the decode hot path)."""
+        with self._lock:
+            c = self._counters
+            c["fill_steps"] += 1
+            c["fill_rows"] += rows
+            window = self._timings.get("fill")
+            if window is None:
+                window = self._timings["fill"] = deque(maxlen=self._window)
+            window.append(seconds)
+
     def snapshot(self) -> dict[str, Any]:
         """All counters and, per timing, ``<name>_ms_p50/_p99/_mean`` and ``_count``."""
         with self._lock:

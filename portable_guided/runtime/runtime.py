@@ -165,10 +165,9 @@ class GrammarRuntime:
                 raise ValueError(f"rows {bad[:5]} out of range for a bitmask of {bm.shape[0]} rows")
             if len(set(row_list)) != n:
                 raise ValueError(f"rows contain duplicates: {row_list}")
-        live = sorted(
-            (i for i, r in enumerate(requests) if r is not None and not r.in_prefill),
-            key=lambda i: requests[i]._serial,  # type: ignore[union-attr]
-        )
+        live = [i for i, r in enumerate(requests) if r is not None and not r.in_prefill]
+        if len(live) > 1:  # locks are taken in one global order, so batches never deadlock
+            live.sort(key=lambda i: requests[i]._serial)  # type: ignore[union-attr]
         for i, req in enumerate(requests):
             if req is None:
                 bm[row_list[i]] = -1
@@ -211,10 +210,7 @@ class GrammarRuntime:
         finally:
             for lock in locked:
                 lock.release()
-        m = self.metrics_sink
-        m.inc("fill_steps")
-        m.inc("fill_rows", n)
-        m.observe("fill", time.perf_counter() - t0)
+        self.metrics_sink.record_fill(n, time.perf_counter() - t0)
 
     async def afill_bitmask(
         self,

@@ -15,3 +15,26 @@ def is_allowed(bitmask_row: np.ndarray, token: int) -> bool:
     """Whether bit ``token`` is set."""
     word = int(bitmask_row[token // 32]) & 0xFFFFFFFF
     return bool((word >> (token % 32)) & 1)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` from /proc (None if it is gone)."""
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+
+
+def process_gone(pid: int) -> bool:
+    """True if ``pid`` no longer runs (exited, or a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
