@@ -14,6 +14,9 @@ every framework and every float dtype (bfloat16 included). Rows are sorted into 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -30,6 +33,42 @@ NEG_INF_BITS = {"float32": 0xFF800000, "float16": 0xFC00, "bfloat16": 0xFF80}
 SPARSE_RATIO = 16
 
 _ALL_ONES = np.uint32(0xFFFFFFFF)
+
+# NumPy releases the GIL in fills and ufunc loops, so a few threads reach the memory bandwidth
+# that one core cannot. Work smaller than this many bytes stays on the calling thread.
+THREADS_ENV_VAR = "PORTABLE_GUIDED_CPU_THREADS"
+PARALLEL_MIN_BYTES = 4 << 20
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _threads() -> int:
+    value = os.environ.get(THREADS_ENV_VAR)
+    if value:
+        try:
+            return max(1, int(value))
+        except ValueError:
+            raise ValueError(f"{THREADS_ENV_VAR} must be an integer, got {value!r}") from None
+    return min(4, os.cpu_count() or 1)
+
+
+def _run_split(work: Callable[[Any], None], parts: Sequence[Any], nbytes: int) -> None:
+    """Run ``work`` on each part, on the kernel's threads when the job is large enough."""
+    global _pool
+    threads = min(_threads(), len(parts))
+    if threads <= 1 or nbytes < PARALLEL_MIN_BYTES:
+        for part in parts:
+            work(part)
+        return
+    if _pool is None or _pool._max_workers < threads:  # grows when the setting grows
+        _pool = ThreadPoolExecutor(threads, thread_name_prefix="portable-guided-cpu")
+    for _ in _pool.map(work, parts):  # consume: re-raises a worker's exception
+        pass
+
+
+def _split_rows(start: int, stop: int, pieces: int) -> list[tuple[int, int]]:
+    bounds = np.linspace(start, stop, min(pieces, stop - start) + 1).astype(int)
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def apply_host(logits: Any, bitmask: Any, plan: MaskPlan) -> Any:
@@ -62,8 +101,13 @@ def apply_host_arrays(bits: np.ndarray, bitmask: np.ndarray, plan: MaskPlan) -> 
         in_sparse = sparse[local_row]
         _apply_sparse(bits, rows, sparse, local_row[in_sparse], flat[in_sparse] % words,
                       values[in_sparse], vocab, neg)
-    for row, row_words in zip(rows[~sparse], table[~sparse]):
-        _apply_dense_row(bits[row, :vocab], row_words, vocab, neg)
+    dense_rows, dense_words = rows[~sparse], table[~sparse]
+    if dense_rows.size:
+        _run_split(
+            lambda i: _apply_dense_row(bits[dense_rows[i], :vocab], dense_words[i], vocab, neg),
+            range(dense_rows.size),
+            dense_rows.size * vocab * bits.itemsize,
+        )
 
 
 def _selected_words(bitmask: np.ndarray, plan: MaskPlan, words: int) -> np.ndarray:
@@ -116,8 +160,16 @@ def _apply_sparse(
     cols, row_of = cols[keep], row_of[keep]
     flat, where = _flat_view(bits, row_of, cols)
     saved = flat[where]
-    for start, stop in _row_runs(np.sort(rows[sparse])):
-        bits[start:stop, :vocab] = neg
+    pieces = [
+        piece
+        for start, stop in _row_runs(np.sort(rows[sparse]))
+        for piece in _split_rows(start, stop, _threads())
+    ]
+
+    def fill(piece: tuple[int, int]) -> None:
+        bits[piece[0] : piece[1], :vocab] = neg
+
+    _run_split(fill, pieces, int(sparse.sum()) * vocab * bits.itemsize)
     flat[where] = saved
 
 
