@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Pending", "Ready", "Runner", "SamplingParams"]
+__all__ = ["Pending", "Ready", "Runner", "SamplingParams", "SlotLengths"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,24 @@ class Ready:
     def wait(self) -> np.ndarray:
         """Return the value."""
         return self._value
+
+
+class SlotLengths:
+    """Host-side count of the tokens each KV-cache slot holds; shared by the runners."""
+
+    _lengths: dict[int, int]
+
+    def length(self, slot: int) -> int:
+        """Number of tokens cached for ``slot``."""
+        return self._lengths.get(slot, 0)
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Forget the tokens of ``slot`` past ``length`` (rollback after rejected drafts)."""
+        if not 0 <= length <= self._lengths.get(slot, 0):
+            raise ValueError(
+                f"cannot truncate slot {slot} of length {self._lengths.get(slot, 0)} to {length}"
+            )
+        self._lengths[slot] = length
 
 
 @runtime_checkable

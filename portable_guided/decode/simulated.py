@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from portable_guided.decode.device import SamplingParams
+from portable_guided.decode.device import SamplingParams, SlotLengths
 
 __all__ = ["SimulatedRunner"]
 
@@ -38,7 +38,7 @@ class _Copy:
         return self._fut.result()
 
 
-class SimulatedRunner:
+class SimulatedRunner(SlotLengths):
     """A runner whose forward takes ``forward_s`` seconds of device time.
 
     Example::
@@ -76,17 +76,6 @@ class SimulatedRunner:
         self._lengths = {}
         self._rng = np.random.default_rng(0)
 
-    def length(self, slot: int) -> int:
-        """See :meth:`Runner.length`."""
-        return self._lengths.get(slot, 0)
-
-    def truncate(self, slot: int, length: int) -> None:
-        """See :meth:`Runner.truncate`."""
-        if not 0 <= length <= self._lengths.get(slot, 0):
-            raise ValueError(
-                f"cannot truncate slot {slot} of length {self._lengths.get(slot, 0)} to {length}"
-            )
-        self._lengths[slot] = length
 
     def forward(
         self, slots: Sequence[int], tokens: Any, counts: Sequence[int] | None = None, *,

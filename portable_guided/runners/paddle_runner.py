@@ -14,7 +14,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from portable_guided.decode.device import Pending, Ready, SamplingParams
+from portable_guided.decode.device import Pending, Ready, SamplingParams, SlotLengths
 from portable_guided.runners.weights import LlamaSpec, load_tokenizer, numpy_weights
 
 __all__ = ["PaddleLlama", "PaddleRunner"]
@@ -151,7 +151,7 @@ class _HostCopy:
         return self._host.numpy()
 
 
-class PaddleRunner:
+class PaddleRunner(SlotLengths):
     """The Paddle runner: :class:`PaddleLlama` plus the decode loop's device operations.
 
     Example::
@@ -189,17 +189,6 @@ class PaddleRunner:
         self._lengths = {}
         self._seed = None  # sampling restarts from its seed
 
-    def length(self, slot: int) -> int:
-        """Number of tokens cached for ``slot``."""
-        return self._lengths.get(slot, 0)
-
-    def truncate(self, slot: int, length: int) -> None:
-        """See :meth:`Runner.truncate`."""
-        if not 0 <= length <= self._lengths.get(slot, 0):
-            raise ValueError(
-                f"cannot truncate slot {slot} of length {self._lengths.get(slot, 0)} to {length}"
-            )
-        self._lengths[slot] = length
 
     def forward(
         self,

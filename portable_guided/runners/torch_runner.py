@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_guided.decode.device import Pending, Ready, SamplingParams
+from portable_guided.decode.device import Pending, Ready, SamplingParams, SlotLengths
 from portable_guided.runners.weights import LlamaSpec, load_hf_model, load_tokenizer
 
 __all__ = ["TorchLlama", "TorchRunner"]
@@ -157,7 +157,7 @@ class _HostCopy:
         return self._host.numpy()
 
 
-class TorchRunner:
+class TorchRunner(SlotLengths):
     """The PyTorch runner: :class:`TorchLlama` plus the decode loop's device operations.
 
     Example::
@@ -204,17 +204,6 @@ class TorchRunner:
         self._seed = None  # sampling restarts from its seed
         self._max_slots = max_slots
 
-    def length(self, slot: int) -> int:
-        """Number of tokens cached for ``slot``."""
-        return self._lengths.get(slot, 0)
-
-    def truncate(self, slot: int, length: int) -> None:
-        """See :meth:`Runner.truncate`."""
-        if not 0 <= length <= self._lengths.get(slot, 0):
-            raise ValueError(
-                f"cannot truncate slot {slot} of length {self._lengths.get(slot, 0)} to {length}"
-            )
-        self._lengths[slot] = length
 
     def forward(
         self,

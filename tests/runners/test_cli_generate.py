@@ -26,13 +26,18 @@ def test_bundled_example_prints_valid_json(torch_runner, capsys):
     assert "1 outputs, 1 valid" in lines[-1] and "tok/s" in lines[-1]
 
 
-def test_regex_and_choice_batches(torch_runner, capsys):
+def test_regex_batch(torch_runner, capsys):
     code = main(["generate", "--no-progress", "--regex", "[0-9]{3}-[0-9]{4}",
                  "--prompt", "Give me a phone number.", "--batch", "2", "--max-tokens", "16",
                  "--temperature", "0.8", "--seed", "1"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.count("valid (regex") == 2
+
+
+@pytest.mark.paddle
+def test_choice_on_the_paddle_runner(capsys):
+    pytest.importorskip("paddle")
     code = main(["generate", "--no-progress", "--choice", "yes,no", "--prompt", "Is fire hot?",
                  "--framework", "paddle", "--max-tokens", "4"])
     out = capsys.readouterr().out
