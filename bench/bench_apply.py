@@ -81,6 +81,7 @@ def implementations(device: str):
 
 def time_cell(fn, buffers, bitmask, device, min_reps, budget_s):
     """Median seconds of ``fn`` over rotated buffers (at least ``min_reps`` calls)."""
+    time.sleep(0.2)  # let the previous implementation's spinning OpenMP threads go idle
     fn(buffers[0], bitmask)  # warm-up (compiles, allocations)
     samples: list[float] = []
     start = time.perf_counter()

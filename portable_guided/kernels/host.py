@@ -103,11 +103,13 @@ def apply_host_arrays(bits: np.ndarray, bitmask: np.ndarray, plan: MaskPlan) -> 
                       values[in_sparse], vocab, neg)
     dense_rows, dense_words = rows[~sparse], table[~sparse]
     if dense_rows.size:
-        _run_split(
-            lambda i: _apply_dense_row(bits[dense_rows[i], :vocab], dense_words[i], vocab, neg),
-            range(dense_rows.size),
-            dense_rows.size * vocab * bits.itemsize,
-        )
+
+        def dense(piece: tuple[int, int]) -> None:
+            for i in range(*piece):
+                _apply_dense_row(bits[dense_rows[i], :vocab], dense_words[i], vocab, neg)
+
+        _run_split(dense, _split_rows(0, dense_rows.size, _threads()),
+                   dense_rows.size * vocab * bits.itemsize)
 
 
 def _selected_words(bitmask: np.ndarray, plan: MaskPlan, words: int) -> np.ndarray:
