@@ -15,6 +15,7 @@ every framework and every float dtype (bfloat16 included). Rows are sorted into 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -40,6 +41,8 @@ THREADS_ENV_VAR = "PORTABLE_GUIDED_CPU_THREADS"
 PARALLEL_MIN_BYTES = 4 << 20
 
 _pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+_pool_lock = threading.Lock()
 
 
 def _threads() -> int:
@@ -54,15 +57,18 @@ def _threads() -> int:
 
 def _run_split(work: Callable[[Any], None], parts: Sequence[Any], nbytes: int) -> None:
     """Run ``work`` on each part, on the kernel's threads when the job is large enough."""
-    global _pool
+    global _pool, _pool_size
     threads = min(_threads(), len(parts))
     if threads <= 1 or nbytes < PARALLEL_MIN_BYTES:
         for part in parts:
             work(part)
         return
-    if _pool is None or _pool._max_workers < threads:  # grows when the setting grows
-        _pool = ThreadPoolExecutor(threads, thread_name_prefix="portable-guided-cpu")
-    for _ in _pool.map(work, parts):  # consume: re-raises a worker's exception
+    with _pool_lock:  # kernels may run on several engine threads at once
+        if _pool_size < threads:  # grows when the setting grows
+            _pool = ThreadPoolExecutor(threads, thread_name_prefix="portable-guided-cpu")
+            _pool_size = threads
+        pool = _pool
+    for _ in pool.map(work, parts):  # consume: re-raises a worker's exception
         pass
 
 

@@ -202,7 +202,6 @@ class TorchRunner(SlotLengths):
         self.model.allocate(max_slots, max_len)
         self._lengths = {}
         self._seed = None  # sampling restarts from its seed
-        self._max_slots = max_slots
 
 
     def forward(
