@@ -52,6 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speculative", type=int, default=0, metavar="K",
                    help="verify K prompt-lookup draft tokens per step")
+    p.add_argument("--draft-branches", type=int, default=1, metavar="B",
+                   help="with --speculative: merge up to B draft continuations into a tree")
     ov = p.add_mutually_exclusive_group()
     ov.add_argument("--overlap", dest="overlap", action="store_true", default=None,
                     help="fill masks during the forward (default on accelerators)")
@@ -136,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
     if args.batch < 1 or args.max_tokens < 1:
         raise SystemExit(f"--batch and --max-tokens must be >= 1, got {args.batch}, "
                          f"{args.max_tokens}")
+    if args.speculative < 0 or args.draft_branches < 1:
+        raise SystemExit(f"--speculative must be >= 0 and --draft-branches >= 1, got "
+                         f"{args.speculative}, {args.draft_branches}")
     from portable_guided.decode.device import SamplingParams
     from portable_guided.decode.engine import GenerationRequest, Generator
     from portable_guided.runners import load_runner
@@ -172,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
 
     gen = Generator(
         runner, runtime=runtime, overlap=args.overlap, max_batch=min(args.batch, 64),
-        num_draft=args.speculative, on_step=on_step,
+        num_draft=args.speculative, draft_branches=args.draft_branches, on_step=on_step,
         sampling=SamplingParams(args.temperature, args.top_p, args.seed),
     )
     outs = gen.generate(requests)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Pending", "Ready", "Runner", "SamplingParams", "SlotLengths"]
+__all__ = ["Pending", "Ready", "Runner", "SamplingParams", "SlotLengths", "tree_layout"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,54 @@ class SlotLengths:
             )
         self._lengths[slot] = length
 
+    def retain(self, slot: int, start: int, nodes: Sequence[int]) -> None:
+        """Keep the tokens appended at ``start`` whose indices are ``nodes`` (an accepted path
+        of a draft tree, increasing), moved to positions ``start, start + 1, ...``; forget
+        the rest. For a chain (``nodes == [0, 1, ..., n-1]``) nothing moves."""
+        nodes = [int(n) for n in nodes]
+        have = self._lengths.get(slot, 0) - start
+        if start < 0 or any(not 0 <= n < have for n in nodes) or nodes != sorted(set(nodes)):
+            raise ValueError(
+                f"cannot retain nodes {nodes} of slot {slot}: {have} tokens from {start}"
+            )
+        moved = [(start + n, start + i) for i, n in enumerate(nodes) if n != i]
+        if moved:
+            src, dst = zip(*moved)
+            self._move_cache_rows(slot, list(src), list(dst))
+        self._lengths[slot] = start + len(nodes)
+
+    def _move_cache_rows(self, slot: int, src: list[int], dst: list[int]) -> None:
+        """Copy the cached keys and values of ``slot`` at positions ``src`` to ``dst``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot move cache rows")
+
+
+def tree_layout(
+    parents: Sequence[Sequence[int]], counts: Sequence[int], width: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Host arrays for a tree forward: ``depth`` ``[B, width]`` (int64) and ``ancestors``
+    ``[B, width, width]`` (bool, ``ancestors[b, j, i]``: token ``i`` is ``j`` or one of its
+    ancestors). Padding tokens (``j >= counts[b]``) see only themselves, at depth ``j``."""
+    import numpy as np
+
+    b = len(counts)
+    if len(parents) != b:
+        raise ValueError(f"parents has {len(parents)} rows for {b} token rows")
+    depth = np.tile(np.arange(width, dtype=np.int64), (b, 1))
+    anc = np.zeros((b, width, width), dtype=bool)
+    anc[:, np.arange(width), np.arange(width)] = True
+    for r, (par, c) in enumerate(zip(parents, counts)):
+        par = [int(p) for p in par]
+        if len(par) != c or (c and par[0] != -1) or any(not 0 <= p < j for j, p in
+                                                          enumerate(par) if j):
+            raise ValueError(
+                f"row {r}: parents must have {c} entries, -1 first, then earlier indices; "
+                f"got {par}"
+            )
+        for j in range(1, c):
+            depth[r, j] = depth[r, par[j]] + 1
+            anc[r, j] |= anc[r, par[j]]
+    return depth, anc
+
 
 @runtime_checkable
 class Runner(Protocol):
@@ -110,6 +158,7 @@ class Runner(Protocol):
         counts: Sequence[int] | None = None,
         *,
         all_positions: bool = False,
+        parents: Sequence[Sequence[int]] | None = None,
     ) -> Any:
         """Append ``tokens`` to the cache of each slot and return logits.
 
@@ -117,7 +166,17 @@ class Runner(Protocol):
         tokens (the rest padding), or device tokens from :meth:`sample` (one per row). Returns
         logits ``[B, vocab]`` at each row's last valid token, or with ``all_positions`` the
         logits of every valid token, rows concatenated (``[sum(counts), vocab]``).
+
+        ``parents`` makes each row a token tree (speculative draft trees; implies
+        ``all_positions``): ``parents[i][j]`` is the index of token ``j``'s parent in row
+        ``i`` (``-1`` for token 0, the root; otherwise ``< j``). A token sees the cache and
+        its ancestors only, at position ``start + depth``; follow with :meth:`retain`.
         """
+        ...
+
+    def retain(self, slot: int, start: int, nodes: Sequence[int]) -> None:
+        """Keep the path ``nodes`` of a tree appended at ``start`` (see
+        :meth:`SlotLengths.retain`)."""
         ...
 
     def length(self, slot: int) -> int:

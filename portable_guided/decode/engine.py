@@ -10,11 +10,15 @@ and the grammar runtime, with no framework code of its own:
   (non-blocking), applied with ``apply_token_mask``, and step N's tokens are sampled and their
   host copy started. A request that finishes at N-1 wastes one row of step N; nothing waits
   for the device as a whole.
-* **Speculative step** (``num_draft > 0``). Draft tokens come from :class:`NgramDraft`; one
-  forward scores the last token plus every draft, while the worker fills one mask row per
-  draft position (``Request.fill_draft_masks``). The longest prefix of drafts that equals the
-  (masked) samples is kept plus one bonus token; the KV cache rolls back the rest. Because each
-  position is masked and sampled exactly as without speculation, greedy output is identical.
+* **Speculative step** (``num_draft > 0``). Draft tokens come from :class:`NgramDraft` as a
+  chain, or with ``draft_branches > 1`` as a tree merging several earlier continuations. One
+  forward scores the last token plus every draft (tree attention: each draft sees only its
+  ancestors), while the worker fills one mask row per draft node
+  (``Request.fill_draft_tree``: the state after the path to that node). From the root, the
+  draft equal to the (masked) sample is followed as long as there is one; the tokens on that
+  path plus one bonus token are accepted and the KV cache keeps just that path. Because each
+  accepted token was masked and sampled exactly as without speculation, greedy output is
+  identical.
 
 Requests join when a slot is free and their grammar has compiled (a slow compile never blocks
 the batch), finish on EOS, grammar termination or ``max_tokens``, and fail alone when their
@@ -32,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from portable_guided.decode.device import Pending, Runner, SamplingParams
-from portable_guided.decode.draft import NgramDraft
+from portable_guided.decode.draft import DraftTree, NgramDraft
 from portable_guided.decode.overlap import OverlappedStep
 from portable_guided.runtime.errors import GrammarError
 
@@ -142,7 +146,8 @@ class Generator:
     work during the forward; ``None`` (default) asks the runner (``runner.prefers_overlap``:
     True on accelerators, False when the forward itself runs on the host CPU, where the two
     would compete for the same cores); ``num_draft`` > 0 turns on speculative decoding with
-    ``draft``.
+    up to that many draft tokens per request and step from ``draft``, in a tree of up to
+    ``draft_branches`` branches (1: a chain).
 
     Example::
 
@@ -159,6 +164,7 @@ class Generator:
         overlap: bool | None = None,
         max_batch: int = 32,
         num_draft: int = 0,
+        draft_branches: int = 1,
         draft: NgramDraft | None = None,
         sampling: SamplingParams | None = None,
         on_step: Callable[[int], None] | None = None,
@@ -167,6 +173,8 @@ class Generator:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if num_draft < 0:
             raise ValueError(f"num_draft must be >= 0, got {num_draft}")
+        if draft_branches < 1:
+            raise ValueError(f"draft_branches must be >= 1, got {draft_branches}")
         self.runner = runner
         self.runtime = runtime
         self.overlap = (
@@ -174,6 +182,7 @@ class Generator:
         )
         self.max_batch = max_batch
         self.num_draft = num_draft
+        self.draft_branches = draft_branches
         self.draft = draft or NgramDraft()
         self.sampling = sampling or SamplingParams()
         self.on_step = on_step
@@ -271,41 +280,51 @@ class Generator:
                 self._end_step()
 
     def _verify_step(self, step: OverlappedStep, seqs: list[_Seq]) -> list[_Seq]:
-        """Score each sequence's last token plus its drafts in one forward (masks filled
-        meanwhile), keep the longest matching prefix plus one token, roll back the rest."""
-        drafts = [
-            self.draft.propose(s.history, min(self.num_draft, s.req.max_tokens - len(s.generated)))
-            for s in seqs
-        ]
-        counts = [1 + len(d) for d in drafts]
+        """Score each sequence's last token plus its draft tree in one forward (masks filled
+        meanwhile), keep the path of drafts that match the samples plus one token, roll back
+        the rest."""
+        trees = [self._propose(s) for s in seqs]
+        counts = [1 + len(t) for t in trees]
         ids = np.zeros((len(seqs), max(counts)), dtype=np.int64)
-        for i, (s, d) in enumerate(zip(seqs, drafts)):
-            ids[i, : counts[i]] = [s.last, *d]
+        for i, (s, t) in enumerate(zip(seqs, trees)):
+            ids[i, : counts[i]] = [s.last, *t.tokens]
+        parents = [[-1, *(p + 1 for p in t.parents)] for t in trees]
         slots = [s.slot for s in seqs]
+        starts = [self.runner.length(slot) for slot in slots]
         buf, logits = self._overlapped(
             step,
-            lambda _: self._fill_drafts(seqs, drafts, counts),
-            lambda: self.runner.forward(slots, ids, counts, all_positions=True),
+            lambda _: self._fill_trees(seqs, trees, counts),
+            lambda: self.runner.forward(slots, ids, counts, parents=parents),
         )
         self.stats.forward_rows += sum(counts)
         host = self.runner.to_host(self._mask_and_sample(logits, buf)).wait()
-        t = time.perf_counter()
+        t0 = time.perf_counter()
         running, offset = [], 0
-        for s, d, c in zip(seqs, drafts, counts):
+        for s, tree, c, start in zip(seqs, trees, counts, starts):
             targets = [int(x) for x in host[offset : offset + c]]
             offset += c
-            keep = 0
-            while keep < len(d) and d[keep] == targets[keep]:
-                keep += 1
-            self.stats.draft_tokens += len(d)
-            self.stats.accepted_draft_tokens += keep
-            # The cache holds the last token and the kept drafts; the bonus token is next input.
-            self.runner.truncate(s.slot, self.runner.length(s.slot) - c + 1 + keep)
-            if not any(self._accept(s, tok) for tok in targets[: keep + 1]):
-                s.last = targets[keep]
+            child = {  # (node, token) -> the child of node carrying token; root = node 0
+                (p + 1, tok): i + 1 for i, (p, tok) in enumerate(zip(tree.parents, tree.tokens))
+            }
+            path = [0]
+            while (nxt := child.get((path[-1], targets[path[-1]]))) is not None:
+                path.append(nxt)
+            self.stats.draft_tokens += len(tree)
+            self.stats.accepted_draft_tokens += len(path) - 1
+            # The cache keeps the last token and the matched drafts; the bonus token is next.
+            self.runner.retain(s.slot, start, path)
+            accepted = [targets[node] for node in path]
+            if not any(self._accept(s, tok) for tok in accepted):
+                s.last = accepted[-1]
                 running.append(s)
-        self._visible(time.perf_counter() - t)
+        self._visible(time.perf_counter() - t0)
         return running
+
+    def _propose(self, s: _Seq) -> DraftTree:
+        k = min(self.num_draft, s.req.max_tokens - len(s.generated))
+        if self.draft_branches == 1:
+            return DraftTree.chain(self.draft.propose(s.history, k))
+        return self.draft.propose_tree(s.history, k, self.draft_branches)
 
     def _end_step(self) -> None:
         self.stats.steps += 1
@@ -419,18 +438,24 @@ class Generator:
         self.runtime.fill_bitmask(grammars, buf)  # writes every row; None: all allowed
         return buf
 
-    def _fill_drafts(
-        self, seqs: Sequence[_Seq], drafts: Sequence[list[int]], counts: Sequence[int]
+    def _fill_trees(
+        self, seqs: Sequence[_Seq], trees: Sequence[DraftTree], counts: Sequence[int]
     ) -> np.ndarray | None:
-        """One bitmask row per scored position: the state after each draft prefix
-        (``None`` when no sequence is constrained)."""
+        """One bitmask row per scored node: the state after the path to it (``None`` when no
+        sequence is constrained). Nodes the grammar rejects get all-allowed rows: they
+        can never be on the accepted path, and masking them fully would leave nothing to
+        sample."""
         if all(s.grammar is None for s in seqs):
             return None
         buf = self._next_buffer(sum(counts))
         offset = 0
-        for s, d, c in zip(seqs, drafts, counts):
+        for s, tree, c in zip(seqs, trees, counts):
             if s.grammar is not None:
-                s.grammar.fill_draft_masks(d, buf, offset)
+                first_child, next_sibling = tree.links()
+                valid = s.grammar.fill_draft_tree(
+                    first_child, next_sibling, [s.last, *tree.tokens], buf, offset
+                )
+                buf[offset + np.flatnonzero(~valid)] = _FILL_ALL
             else:
                 buf[offset : offset + c] = _FILL_ALL
             offset += c

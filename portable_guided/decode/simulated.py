@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from portable_guided.decode.device import SamplingParams, SlotLengths
+from portable_guided.decode.device import SamplingParams, SlotLengths, tree_layout
 
 __all__ = ["SimulatedRunner"]
 
@@ -79,17 +79,20 @@ class SimulatedRunner(SlotLengths):
 
     def forward(
         self, slots: Sequence[int], tokens: Any, counts: Sequence[int] | None = None, *,
-        all_positions: bool = False,
+        all_positions: bool = False, parents: Sequence[Sequence[int]] | None = None,
     ) -> Future:
         """Queue a forward of ``forward_s``. Token values are read on the device thread (no
-        host sync); the logits depend only on (token, position), not on slot or batch."""
+        host sync); the logits depend only on (token, position), not on slot or batch (a
+        tree token's position is its depth)."""
         width = 1 if isinstance(tokens, Future) else np.asarray(tokens).shape[1]
         counts = [width] * len(slots) if counts is None else list(counts)
+        depth = (tree_layout(parents, counts, width)[0] if parents is not None
+                 else np.tile(np.arange(width), (len(slots), 1)))
         cells = []  # (row, column of tokens, position) per logits row
         for row, (s, c) in enumerate(zip(slots, counts)):
             start = self._lengths.get(s, 0)
-            cols = range(c) if all_positions else [c - 1]
-            cells += [(row, j, start + j) for j in cols]
+            cols = range(c) if all_positions or parents is not None else [c - 1]
+            cells += [(row, j, start + int(depth[row, j])) for j in cols]
             self._lengths[s] = start + c
         return self._stream.submit(self._forward, tokens, cells)
 
@@ -103,6 +106,9 @@ class SimulatedRunner(SlotLengths):
         if left > 0:
             time.sleep(left)
         return logits
+
+    def _move_cache_rows(self, slot: int, src: list[int], dst: list[int]) -> None:
+        """Nothing to move: the simulated device keeps no keys or values."""
 
     # -- device ops -----------------------------------------------------------------------
     def host_buffer(self, shape: tuple[int, ...]) -> np.ndarray:

@@ -14,7 +14,13 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from portable_guided.decode.device import Pending, Ready, SamplingParams, SlotLengths
+from portable_guided.decode.device import (
+    Pending,
+    Ready,
+    SamplingParams,
+    SlotLengths,
+    tree_layout,
+)
 from portable_guided.runners.weights import LlamaSpec, load_tokenizer, numpy_weights
 
 __all__ = ["PaddleLlama", "PaddleRunner"]
@@ -88,17 +94,30 @@ class PaddleLlama:
         starts: paddle.Tensor,
         key_len: int,
         out_rows: paddle.Tensor | None,
+        tree: tuple[paddle.Tensor, paddle.Tensor] | None = None,
     ) -> paddle.Tensor:
-        """Same contract as :meth:`TorchLlama.forward`."""
+        """Same contract as :meth:`TorchLlama.forward` (``tree``'s ancestors as int32)."""
         s = self.spec
         b, t = input_ids.shape
         kv, g, d = s.num_kv_heads, s.num_heads // s.num_kv_heads, s.head_dim
         steps = paddle.arange(t, dtype="int64")
-        pos = starts.unsqueeze(1) + steps.unsqueeze(0)  # [B, T]
-        write_idx = (slots.unsqueeze(1) * self.max_len + pos).reshape([-1])
+        stored = starts.unsqueeze(1) + steps.unsqueeze(0)  # [B, T] cache positions
+        write_idx = (slots.unsqueeze(1) * self.max_len + stored).reshape([-1])
         keys_pos = paddle.arange(key_len, dtype="int64")
         read_idx = (slots.unsqueeze(1) * self.max_len + keys_pos.unsqueeze(0)).reshape([-1])
-        allowed = keys_pos.reshape([1, 1, -1]) <= pos.unsqueeze(2)  # [B, T, L]
+        if tree is None:
+            pos = stored
+            allowed = keys_pos.reshape([1, 1, -1]) <= pos.unsqueeze(2)  # [B, T, L]
+        else:
+            depth, ancestors = tree
+            pos = starts.unsqueeze(1) + depth
+            rel = keys_pos.unsqueeze(0) - starts.unsqueeze(1)  # [B, L]: key's index in the tree
+            in_tree = paddle.logical_and(rel >= 0, rel < t)
+            idx = paddle.clip(rel, 0, t - 1).unsqueeze(1).expand([b, t, key_len])
+            seen = paddle.take_along_axis(ancestors, idx, axis=2) > 0
+            allowed = paddle.logical_or(
+                (rel < 0).unsqueeze(1), paddle.logical_and(seen, in_tree.unsqueeze(1))
+            )
         bias = paddle.where(
             allowed, paddle.zeros([], "float32"), paddle.full([], float("-inf"), "float32")
         ).reshape([b, 1, 1, t, key_len])
@@ -197,6 +216,7 @@ class PaddleRunner(SlotLengths):
         counts: Sequence[int] | None = None,
         *,
         all_positions: bool = False,
+        parents: Sequence[Sequence[int]] | None = None,
     ) -> paddle.Tensor:
         """See :meth:`Runner.forward`."""
         if isinstance(tokens, paddle.Tensor):
@@ -214,7 +234,11 @@ class PaddleRunner(SlotLengths):
         key_len = max(st + t for st in starts)
         if key_len > self.model.max_len:
             raise ValueError(f"sequence length {key_len} exceeds the cache's {self.model.max_len}")
-        if all_positions:
+        tree = None
+        if parents is not None:
+            depth, ancestors = tree_layout(parents, counts, t)
+            tree = (paddle.to_tensor(depth), paddle.to_tensor(ancestors.astype(np.int32)))
+        if all_positions or tree is not None:
             rows = [i * t + j for i, c in enumerate(counts) for j in range(c)]
         else:
             rows = [i * t + c - 1 for i, c in enumerate(counts)]
@@ -224,10 +248,18 @@ class PaddleRunner(SlotLengths):
             paddle.to_tensor(starts, dtype="int64"),
             key_len,
             None if rows == list(range(b * t)) else paddle.to_tensor(rows, dtype="int64"),
+            tree,
         )
         for s, st, c in zip(slots, starts, counts):
             self._lengths[s] = st + c
         return logits
+
+    def _move_cache_rows(self, slot: int, src: list[int], dst: list[int]) -> None:
+        base = slot * self.model.max_len
+        src_t = paddle.to_tensor([base + p for p in src], dtype="int64")
+        dst_t = paddle.to_tensor([base + p for p in dst], dtype="int64")
+        for cache in (*self.model.k_cache, *self.model.v_cache):
+            cache.scatter_(dst_t, paddle.index_select(cache, src_t, axis=0), overwrite=True)
 
     # -- device ops -----------------------------------------------------------------------
     def host_buffer(self, shape: tuple[int, ...]) -> np.ndarray:

@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_guided.decode.device import Pending, Ready, SamplingParams, SlotLengths
+from portable_guided.decode.device import (
+    Pending,
+    Ready,
+    SamplingParams,
+    SlotLengths,
+    tree_layout,
+)
 from portable_guided.runners.weights import LlamaSpec, load_hf_model, load_tokenizer
 
 __all__ = ["TorchLlama", "TorchRunner"]
@@ -92,24 +98,36 @@ class TorchLlama:
         starts: torch.Tensor,
         key_len: int,
         out_rows: torch.Tensor | None,
+        tree: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Logits for ``input_ids`` ``[B, T]`` appended at ``starts`` ``[B]`` of ``slots`` ``[B]``.
 
         ``key_len`` is ``max(starts + T)`` (a host int, so no device read-back); ``out_rows``
         selects rows of the flattened ``[B*T]`` positions to project to the vocabulary
-        (``None``: all).
+        (``None``: all). ``tree`` is ``(depth, ancestors)`` from
+        :func:`~portable_guided.decode.device.tree_layout`: token ``j`` is stored at
+        ``starts + j`` but rotated at ``starts + depth[j]`` and sees only its ancestors.
         """
         s = self.spec
         b, t = input_ids.shape
         kv, g, d = s.num_kv_heads, s.num_heads // s.num_kv_heads, s.head_dim
         steps = torch.arange(t, device=self.device)
-        pos = starts[:, None] + steps[None, :]  # [B, T]
-        write_idx = (slots[:, None] * self.max_len + pos).reshape(-1)
+        stored = starts[:, None] + steps[None, :]  # [B, T] cache positions
+        write_idx = (slots[:, None] * self.max_len + stored).reshape(-1)
         read_idx = (
             slots[:, None] * self.max_len + torch.arange(key_len, device=self.device)[None, :]
         ).reshape(-1)
         keys_pos = torch.arange(key_len, device=self.device)
-        allowed = keys_pos[None, None, :] <= pos[:, :, None]  # [B, T, L]
+        if tree is None:
+            pos = stored
+            allowed = keys_pos[None, None, :] <= pos[:, :, None]  # [B, T, L]
+        else:
+            depth, ancestors = tree
+            pos = starts[:, None] + depth
+            rel = keys_pos[None, :] - starts[:, None]  # [B, L]: key's index in the tree
+            in_tree = (rel >= 0) & (rel < t)
+            idx = rel.clamp(0, t - 1)[:, None, :].expand(b, t, key_len)
+            allowed = (rel < 0)[:, None, :] | (ancestors.gather(2, idx) & in_tree[:, None, :])
         bias = torch.zeros(allowed.shape, device=self.device).masked_fill_(~allowed, float("-inf"))
         bias = bias[:, None, None]  # [B, 1, 1, T, L]
         freqs = pos[..., None].float() * self.inv_freq  # [B, T, D/2]
@@ -211,6 +229,7 @@ class TorchRunner(SlotLengths):
         counts: Sequence[int] | None = None,
         *,
         all_positions: bool = False,
+        parents: Sequence[Sequence[int]] | None = None,
     ) -> torch.Tensor:
         """See :meth:`Runner.forward`."""
         if isinstance(tokens, torch.Tensor):
@@ -227,7 +246,12 @@ class TorchRunner(SlotLengths):
         key_len = max(st + t for st in starts)
         if key_len > self.model.max_len:
             raise ValueError(f"sequence length {key_len} exceeds the cache's {self.model.max_len}")
-        if all_positions:
+        tree = None
+        if parents is not None:
+            depth, ancestors = tree_layout(parents, counts, t)
+            tree = (torch.from_numpy(depth).to(self.device),
+                    torch.from_numpy(ancestors).to(self.device))
+        if all_positions or tree is not None:
             rows = [i * t + j for i, c in enumerate(counts) for j in range(c)]
         else:
             rows = [i * t + c - 1 for i, c in enumerate(counts)]
@@ -237,10 +261,18 @@ class TorchRunner(SlotLengths):
             torch.as_tensor(starts, device=self.device),
             key_len,
             None if rows == list(range(b * t)) else torch.as_tensor(rows, device=self.device),
+            tree,
         )
         for s, st, c in zip(slots, starts, counts):
             self._lengths[s] = st + c
         return logits
+
+    def _move_cache_rows(self, slot: int, src: list[int], dst: list[int]) -> None:
+        base = slot * self.model.max_len
+        src_t = torch.as_tensor([base + p for p in src], device=self.device)
+        dst_t = torch.as_tensor([base + p for p in dst], device=self.device)
+        for cache in (*self.model.k_cache, *self.model.v_cache):
+            cache.index_copy_(0, dst_t, cache.index_select(0, src_t))
 
     # -- device ops -----------------------------------------------------------------------
     def host_buffer(self, shape: tuple[int, ...]) -> np.ndarray:

@@ -373,16 +373,20 @@ class Request:
         retrieve_next_sibling: Sequence[int],
         draft_tokens: Sequence[int],
         bitmask: Any,
+        start_row: int = 0,
     ) -> np.ndarray:
         """Masks for a draft token tree (EAGLE/SGLang layout, as xgrammar's
         ``traverse_draft_tree``): node 0 is the root, already accepted; node ``i``'s first
         child is ``retrieve_next_token[i]`` and its next sibling ``retrieve_next_sibling[i]``
-        (-1 for none). Row ``i`` gets the mask after the path root..i. Returns a bool array:
-        True for the nodes whose path the grammar allows (rows of other nodes are left
-        as they were)."""
+        (-1 for none). Row ``start_row + i`` gets the mask after the path root..i. Returns a
+        bool array: True for the nodes whose path the grammar allows (rows of other nodes are
+        left as they were)."""
         n = len(draft_tokens)
-        if bitmask.shape[0] < n:
-            raise ValueError(f"bitmask has {bitmask.shape[0]} rows, the tree has {n} nodes")
+        if start_row < 0 or bitmask.shape[0] < start_row + n:
+            raise ValueError(
+                f"bitmask has {bitmask.shape[0]} rows; the tree's {n} nodes need rows "
+                f"{start_row}..{start_row + n - 1}"
+            )
         nxt = [int(x) for x in retrieve_next_token]
         sib = [int(x) for x in retrieve_next_sibling]
         if len(nxt) != n or len(sib) != n:
@@ -392,18 +396,19 @@ class Request:
             if self._state == PENDING:
                 raise GrammarNotReady("fill_draft_tree needs a compiled grammar")
             valid[0] = True
-            self._fill_any(bitmask, 0)
-            self._visit_children(0, nxt, sib, draft_tokens, bitmask, valid)
+            self._fill_any(bitmask, start_row)
+            self._visit_children(0, nxt, sib, draft_tokens, bitmask, valid, start_row)
         return valid
 
     def _visit_children(self, node: int, nxt: list[int], sib: list[int],
-                        tokens: Sequence[int], bitmask: Any, valid: np.ndarray) -> None:
+                        tokens: Sequence[int], bitmask: Any, valid: np.ndarray,
+                        start_row: int) -> None:
         child = nxt[node]
         while child != -1:
             if self._try_accept(int(tokens[child])):
                 valid[child] = True
-                self._fill_any(bitmask, child)
-                self._visit_children(child, nxt, sib, tokens, bitmask, valid)
+                self._fill_any(bitmask, start_row + child)
+                self._visit_children(child, nxt, sib, tokens, bitmask, valid, start_row)
                 self._rollback_locked(1, count=False)
             child = sib[child]
 

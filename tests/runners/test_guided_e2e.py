@@ -73,10 +73,13 @@ def test_torch_outputs_validate(torch_guided, schemas, tokenizer):
     _check_valid(torch_guided, schemas, tokenizer)
 
 
+@pytest.mark.parametrize(
+    "drafts", [{"num_draft": 4}, {"num_draft": 6, "draft_branches": 3}], ids=["chain", "tree"]
+)
 def test_speculative_is_token_identical_under_greedy(torch_runner, runtime, tokenizer, schemas,
-                                                     torch_guided):
+                                                     torch_guided, drafts):
     few = schemas[:6] + schemas[12:18]
-    gen = Generator(torch_runner, runtime=runtime, max_batch=12, num_draft=4, overlap=True)
+    gen = Generator(torch_runner, runtime=runtime, max_batch=12, overlap=True, **drafts)
     spec = gen.generate(_guided(runtime, tokenizer, few))
     assert gen.stats.accepted_draft_tokens > 0  # the drafts really were used
     ref = {o.request_id: o for o in torch_guided}
@@ -100,6 +103,11 @@ def test_paddle_outputs_validate(paddle_runner, runtime, tokenizer, schemas):
         _guided(runtime, tokenizer, few)
     )
     _check_valid(outs, few, tokenizer)
+    # Draft trees through the Paddle tree forward: the same tokens.
+    gen = Generator(paddle_runner, runtime=runtime, max_batch=6, num_draft=6, draft_branches=3)
+    spec = gen.generate(_guided(runtime, tokenizer, few[:6]))
+    assert gen.stats.accepted_draft_tokens > 0
+    assert [o.token_ids for o in spec] == [o.token_ids for o in outs[:6]]
 
 
 def test_mixed_batch_with_failures(torch_runner, runtime, tokenizer, schemas):

@@ -70,8 +70,13 @@ def test_masked_random_logits_give_valid_json(baseline, sim_runtime):
 
 @pytest.mark.parametrize(
     "options",
-    [{"overlap": False}, {"num_draft": 3}, {"num_draft": 2, "overlap": False}],
-    ids=["serial", "speculative", "speculative-serial"],
+    [
+        {"overlap": False},
+        {"num_draft": 3},
+        {"num_draft": 2, "overlap": False},
+        {"num_draft": 6, "draft_branches": 3},
+    ],
+    ids=["serial", "speculative", "speculative-serial", "speculative-tree"],
 )
 def test_modes_are_token_identical(baseline, sim_runtime, options):
     runner = SimulatedRunner(49152, 2, forward_s=0.001)
@@ -81,6 +86,42 @@ def test_modes_are_token_identical(baseline, sim_runtime, options):
     runner.close()
     assert [o.token_ids for o in outs] == [o.token_ids for o in baseline]
     assert [o.finish_reason for o in outs] == [o.finish_reason for o in baseline]
+
+
+class _DecoyFirstDraft:
+    """Knows each request's true continuation (from a baseline run) and proposes a tree whose
+    first branch is wrong (a decoy token, then the true next token under it) and whose second
+    branch is right: only a real tree search, with positions by depth rather than by index,
+    keeps the output and accepts the drafts."""
+
+    def __init__(self, truth: dict[tuple[int, ...], list[int]]) -> None:
+        self.truth = truth
+        self.right = 0  # right draft tokens proposed
+
+    def propose_tree(self, history, k, branches):
+        from portable_guided.decode.draft import DraftTree
+
+        prompt = next(p for p in self.truth if tuple(history[: len(p)]) == p)
+        ahead = self.truth[prompt][len(history) - len(prompt):][: k - 2]
+        if not ahead:
+            return DraftTree([], [])
+        self.right += len(ahead)
+        decoy = (ahead[0] + 1) % 49152
+        return DraftTree([decoy, ahead[0], *ahead], [-1, 0, -1, *range(2, 1 + len(ahead))])
+
+
+def test_draft_tree_follows_the_matching_branch(baseline, sim_runtime):
+    reqs = _requests(sim_runtime)
+    draft = _DecoyFirstDraft({tuple(r.prompt_ids): o.token_ids for r, o in zip(reqs, baseline)})
+    runner = SimulatedRunner(49152, 2, forward_s=0.0)
+    gen = Generator(runner, runtime=sim_runtime, max_batch=8, num_draft=5, draft_branches=2,
+                    draft=draft)
+    outs = gen.generate(reqs)
+    runner.close()
+    assert [o.token_ids for o in outs] == [o.token_ids for o in baseline]
+    assert [o.finish_reason for o in outs] == [o.finish_reason for o in baseline]
+    assert draft.right > 0
+    assert gen.stats.accepted_draft_tokens == draft.right  # every right branch, no decoy
 
 
 def test_requests_join_as_slots_free(sim_runtime):
