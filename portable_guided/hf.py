@@ -6,6 +6,11 @@ masks the scores with :func:`portable_guided.apply_token_mask`, so it works on w
 and dtype the model runs. Rows whose grammar has finished allow only the stop tokens, which is
 what ``generate`` pads finished rows with.
 
+Beam search reorders and duplicates rows between steps, so a row's grammar state is found by
+its generated tokens rather than by its index: each row continues the request of a previous
+row whose tokens are its own minus the last one; when two rows continue the same parent, the
+second gets a fresh request (a compile-cache hit) replayed to that prefix.
+
 Example::
 
     from portable_guided.hf import GuidedLogitsProcessor
@@ -29,10 +34,11 @@ __all__ = ["GuidedLogitsProcessor"]
 class GuidedLogitsProcessor:
     """A ``transformers`` logits processor backed by the runtime and ``apply_token_mask``.
 
-    ``specs`` is one :class:`~portable_guided.runtime.GrammarSpec` for every row, or one per
-    row (``None`` for an unconstrained row). Beam search is not supported (rows are assumed to
-    be independent sequences). A processor serves one ``generate`` call; make a new one per
-    call. Rejected tokens follow the runtime's ``on_error`` policy.
+    ``specs`` is one :class:`~portable_guided.runtime.GrammarSpec` for every row, or a list
+    with one per input sequence (``None`` for unconstrained); with beam search or
+    ``num_return_sequences`` each spec covers its sequence's consecutive expanded rows. Greedy,
+    sampling and beam search all work. A processor serves one ``generate`` call; make a new
+    one per call. Rejected tokens follow the runtime's ``on_error`` policy.
     """
 
     def __init__(self, runtime: Any, specs: Any, *, on_error: str = "raise") -> None:
@@ -40,7 +46,9 @@ class GuidedLogitsProcessor:
         self._specs = specs
         self._on_error = on_error
         self._requests: list[Any] | None = None
-        self._prompt_len: int | None = None
+        self._row_specs: list[Any] = []
+        self._generated: list[tuple[int, ...]] = []
+        self._prompt_len = 0
         self._bitmask: np.ndarray | None = None
 
     @property
@@ -48,24 +56,53 @@ class GuidedLogitsProcessor:
         """The runtime requests, one per row (after the first call)."""
         return list(self._requests or [])
 
-    def _start(self, batch: int) -> None:
-        specs: Sequence[Any]
+    def _start(self, batch: int, length: int) -> None:
         if isinstance(self._specs, (list, tuple)):
-            if len(self._specs) != batch:
-                raise ValueError(f"{len(self._specs)} grammar specs for a batch of {batch} rows")
-            specs = self._specs
+            n = len(self._specs)
+            if n == 0 or batch % n:
+                raise ValueError(f"{n} grammar specs for a batch of {batch} rows")
+            self._row_specs = [self._specs[i // (batch // n)] for i in range(batch)]
         else:
-            specs = [self._specs] * batch
-        self._requests = [
-            None if s is None else self.runtime.new_request(s, on_error=self._on_error)
-            for s in specs
-        ]
-        for r in self._requests:
-            if r is not None:
-                r.wait()
-                if r.failed:
-                    raise r.error
+            self._row_specs = [self._specs] * batch
+        self._requests = [self._new_request(s) for s in self._row_specs]
+        self._generated = [()] * batch
+        self._prompt_len = length
         self._bitmask = self.runtime.allocate_bitmask(batch)
+
+    def _new_request(self, spec: Any) -> Any:
+        if spec is None:
+            return None
+        req = self.runtime.new_request(spec, on_error=self._on_error).wait()
+        if req.failed:
+            raise req.error
+        return req
+
+    @staticmethod
+    def _feed(req: Any, tokens: Sequence[int]) -> None:
+        for tok in tokens:
+            if req.is_terminated:  # generate pads finished rows; the grammar is done
+                return
+            req.accept(int(tok))
+
+    def _advance(self, generated: list[tuple[int, ...]]) -> None:
+        """Give each row the request of the previous row it continues, then its new token."""
+        assert self._requests is not None
+        parents: dict[tuple[int, tuple[int, ...]], list[Any]] = {}
+        for spec, gen, req in zip(self._row_specs, self._generated, self._requests):
+            parents.setdefault((id(spec), gen), []).append(req)
+        requests = []
+        for spec, gen in zip(self._row_specs, generated):
+            free = parents.get((id(spec), gen[:-1]))
+            if free:
+                req = free.pop()
+            else:  # a second child of one parent (beam search): replay the prefix
+                req = self._new_request(spec)
+                if req is not None:
+                    self._feed(req, gen[:-1])
+            if req is not None:
+                self._feed(req, gen[-1:])
+            requests.append(req)
+        self._requests, self._generated = requests, generated
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         """Accept each row's last token (after the first step) and mask ``scores``."""
@@ -73,15 +110,12 @@ class GuidedLogitsProcessor:
 
         batch, length = int(input_ids.shape[0]), int(input_ids.shape[1])
         if self._requests is None:
-            self._start(batch)
-            self._prompt_len = length
+            self._start(batch, length)
         elif len(self._requests) != batch:
             raise ValueError(f"batch changed from {len(self._requests)} to {batch} rows")
-        elif length > self._prompt_len:  # type: ignore[operator]
-            last = input_ids[:, -1].tolist()
-            for req, tok in zip(self._requests, last):
-                if req is not None and not req.is_terminated:
-                    req.accept(int(tok))
+        elif length > self._prompt_len:
+            rows = input_ids[:, self._prompt_len:].tolist()
+            self._advance([tuple(int(t) for t in r) for r in rows])
         assert self._bitmask is not None
         self.runtime.fill_bitmask(self._requests, self._bitmask)
         if all(r is None for r in self._requests):

@@ -63,3 +63,36 @@ def test_processor_checks_batch_and_specs(runtime):
     a, b = runtime.info.encode("a"), runtime.info.encode("b")
     assert allowed[0, a[0]] and allowed[0, b[0]]
     assert 0 < int(allowed[0].sum()) < runtime.vocab_size
+
+
+def test_beam_search_keeps_each_beams_grammar_state(runtime, tokenizer):
+    """Beam search reorders and duplicates rows every step; every returned beam must still be
+    a complete, schema-valid document (a row matched to the wrong state would fail)."""
+    import jsonschema
+    import torch
+
+    from portable_guided.hf import GuidedLogitsProcessor
+    from portable_guided.runners.weights import encode_chat, load_hf_model
+    from portable_guided.runtime import GrammarSpec
+
+    spec = GrammarSpec.json_schema(SCHEMA, any_whitespace=False)
+    hf = load_hf_model()
+    eos = hf.generation_config.eos_token_id
+    eos = eos[0] if isinstance(eos, list) else eos
+    rows = [encode_chat(tokenizer, p) for p in ["Describe Bob, 40, as JSON.", "Invent a person."]]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[eos] * (width - len(r)) + r for r in rows])  # left padding
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    proc = GuidedLogitsProcessor(runtime, [spec, spec])
+    with torch.inference_mode():
+        out = hf.generate(ids, attention_mask=mask, logits_processor=[proc], num_beams=3,
+                          num_return_sequences=3, do_sample=False, max_new_tokens=48,
+                          pad_token_id=eos)
+    assert out.shape[0] == 6
+    texts = []
+    for seq in out[:, width:].tolist():
+        assert eos in seq, "every beam must end by the grammar's stop token"
+        text = tokenizer.decode(seq[: seq.index(eos)])
+        jsonschema.validate(json.loads(text), SCHEMA)
+        texts.append(text)
+    assert len(set(texts[:3])) > 1  # the beams really differ
