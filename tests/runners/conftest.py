@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 
@@ -15,25 +16,29 @@ NEEDS_MODEL = pytest.mark.skipif(
 )
 
 
+# On a GPU machine: PG_RUNNER_DEVICE=cuda runs the runner tests on the GPU (Paddle: gpu).
+RUNNER_DEVICE = os.environ.get("PG_RUNNER_DEVICE", "cpu")
+
+
 @pytest.fixture(scope="session")
 def torch_runner():
-    """The PyTorch runner on the CPU."""
+    """The PyTorch runner on ``$PG_RUNNER_DEVICE`` (default: the CPU)."""
     if not HAS_MODEL:
         pytest.skip("the SmolLM2 model is not installed")
     from portable_guided.runners.torch_runner import TorchRunner
 
-    return TorchRunner.from_pretrained(device="cpu")
+    return TorchRunner.from_pretrained(device=RUNNER_DEVICE)
 
 
 @pytest.fixture(scope="session")
 def paddle_runner():
-    """The Paddle runner on the CPU (same de-quantized weights)."""
+    """The Paddle runner on ``$PG_RUNNER_DEVICE`` (``cuda`` maps to Paddle's ``gpu``)."""
     if not HAS_MODEL:
         pytest.skip("the SmolLM2 model is not installed")
     pytest.importorskip("paddle")
     from portable_guided.runners.paddle_runner import PaddleRunner
 
-    return PaddleRunner.from_pretrained(device="cpu")
+    return PaddleRunner.from_pretrained(device=RUNNER_DEVICE.replace("cuda", "gpu"))
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ BRANCHES = [[0, 1, 2], [0, 1, 3, 4], [0, 5]]
 def _chain_logits(runner, slot: int, prefix: list[int], tokens: list[int]) -> np.ndarray:
     runner.truncate(slot, 0)
     runner.forward([slot], np.array([prefix]))
-    return runner.forward([slot], np.array([tokens]), all_positions=True).numpy()
+    return runner.forward([slot], np.array([tokens]), all_positions=True).cpu().numpy()
 
 
 @pytest.mark.parametrize("name", RUNNERS)
@@ -40,7 +40,7 @@ def test_tree_forward_equals_each_branch_as_a_chain(request, name, tokenizer):
     runner.forward([1, 3], *_pad([prompt[:-1], other[:-1]]))
     start = runner.length(1)
     ids, counts = _pad([tree, [other[-1], words[0]]])
-    logits = runner.forward([1, 3], ids, counts, parents=[PARENTS, [-1, 0]]).numpy()
+    logits = runner.forward([1, 3], ids, counts, parents=[PARENTS, [-1, 0]]).cpu().numpy()
     assert logits.shape[0] == 6 + 2
     assert runner.length(1) == start + 6
 
@@ -53,7 +53,7 @@ def test_tree_forward_equals_each_branch_as_a_chain(request, name, tokenizer):
     # Keep the path root -> a -> c -> d: the cache must equal that chain's.
     runner.retain(1, start, [0, 1, 3, 4])
     assert runner.length(1) == start + 4
-    nxt = runner.forward([1], np.array([[words[0]]])).numpy()
+    nxt = runner.forward([1], np.array([[words[0]]])).cpu().numpy()
     ref = _chain_logits(runner, 2, prompt[:-1], [tree[0], tree[1], tree[3], tree[4], words[0]])
     np.testing.assert_allclose(nxt[0], ref[-1], atol=ATOL, rtol=0)
 
