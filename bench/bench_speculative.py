@@ -64,8 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--maskbench", default=os.environ.get("PG_MASKBENCH_DIR",
                                                          "/work/shared/data/maskbench"))
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     from portable_guided.runners import load_runner
     from portable_guided.runners.weights import encode_chat, load_tokenizer
@@ -107,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": f"{host_platform.machine()} {os.cpu_count()} cores",
             "framework": args.framework, "device": args.device, "tokens": args.tokens,
-            "repeat": args.repeat, "xgrammar": version("xgrammar"),
+            "repeat": args.repeat, "threads": args.threads or "default",
+            "xgrammar": version("xgrammar"),
             "schemas": "MaskBench Glaiveai2K (first N), compact JSON, greedy",
             "identical": identical,
             "command": "python bench/bench_speculative.py " + " ".join(argv or sys.argv[1:]),
