@@ -65,21 +65,28 @@ def _run_maskbench(args: argparse.Namespace) -> int:
 
         results[mode] = run_mode(mode, records, info, timeout_s=args.timeout, progress=progress)
         results[mode]["summary"]["wall_s"] = round(time.perf_counter() - t0, 2)
-    primary = results[modes[0]]
-    out = {
-        "summary": primary["summary"],
-        "per_schema": primary["per_schema"],
-        "mode": modes[0],
-        "modes": {m: r["summary"] for m, r in results.items()},
-        "per_schema_by_mode": {m: r["per_schema"] for m, r in results.items() if m != modes[0]},
-        "config": {"files": files, "limit": args.limit, "timeout_s": args.timeout,
-                   "tokenizer": args.tokenizer, "vocab_size": info.vocab_size},
-        "machine": machine_note(),
-    }
-    with open(args.json_out, "w", encoding="utf-8") as fh:
-        fh.write(_dumps(out))
+        # Written after every mode, so a long run that is cut short keeps what it finished.
+        out = _result(results, modes[0], files, args, info.vocab_size, machine_note())
+        with open(args.json_out, "w", encoding="utf-8") as fh:
+            fh.write(_dumps(out))
     _print_table(out["modes"])
     return 0
+
+
+def _result(results: dict[str, Any], first: str, files: list[str], args: argparse.Namespace,
+            vocab_size: int, machine: dict[str, Any]) -> dict[str, Any]:
+    """The JSON document of the modes run so far (``summary``/``per_schema``: the first)."""
+    primary = results[first]
+    return {
+        "summary": primary["summary"],
+        "per_schema": primary["per_schema"],
+        "mode": first,
+        "modes": {m: r["summary"] for m, r in results.items()},
+        "per_schema_by_mode": {m: r["per_schema"] for m, r in results.items() if m != first},
+        "config": {"files": files, "limit": args.limit, "timeout_s": args.timeout,
+                   "tokenizer": args.tokenizer, "vocab_size": vocab_size},
+        "machine": machine,
+    }
 
 
 def _dumps(out: dict[str, Any]) -> str:
