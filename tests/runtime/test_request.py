@@ -226,3 +226,17 @@ def test_threads_share_requests(rt):
     rt.fill_bitmask(reqs, bm)
     for r in reqs:
         assert r.num_accepted == len(ids) and r.accept(1) and r.is_terminated
+
+
+def test_after_termination_one_more_stop_token_then_nothing(rt):
+    """A pipelined engine samples a finished row once more: that stop token is accepted;
+    anything else, or a third stop token, is rejected."""
+    ids = rt.info.encode(TEXT)
+    req = rt.new_request(SCHEMA, on_error="reject").wait(60)
+    assert req.accept_tokens(ids) == len(ids)
+    assert req.accept(1) and req.is_terminated
+    assert allowed(mask(rt, req), rt.vocab_size).tolist() == [1]  # only the stop token
+    assert req.accept(ids[0]) is False
+    assert req.accept(1) is True
+    assert req.accept(1) is False
+    assert req.is_terminated and not req.failed
