@@ -79,6 +79,8 @@ def test_torch_outputs_validate(torch_guided, schemas, tokenizer):
 def test_speculative_is_token_identical_under_greedy(torch_runner, runtime, tokenizer, schemas,
                                                      torch_guided, drafts):
     few = schemas[:6] + schemas[12:18]
+    if "draft_branches" in drafts:  # a tree scores up to 7 rows per request: keep CI quick
+        few = schemas[:3] + schemas[12:15]
     gen = Generator(torch_runner, runtime=runtime, max_batch=12, overlap=True, **drafts)
     spec = gen.generate(_guided(runtime, tokenizer, few))
     assert gen.stats.accepted_draft_tokens > 0  # the drafts really were used
