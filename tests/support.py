@@ -69,3 +69,12 @@ def skip_unless(name: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         importlib.util.find_spec(name) is None, reason=f"{name} is not installed"
     )
+
+
+def padded_rows(rows: list[list[int]]) -> tuple[np.ndarray, list[int]]:
+    """Token rows of different lengths as one zero-padded int64 array plus each row's count."""
+    counts = [len(r) for r in rows]
+    ids = np.zeros((len(rows), max(counts)), dtype=np.int64)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = r
+    return ids, counts

@@ -40,7 +40,13 @@ def register(subparsers: Any) -> None:
 
 def _run_maskbench(args: argparse.Namespace) -> int:
     from portable_guided.runtime import load_tokenizer_info
-    from portable_guided.runtime.maskbench import MODES, load_records, machine_note, run_mode
+    from portable_guided.runtime.maskbench import (
+        MODES,
+        load_records,
+        machine_note,
+        run_mode,
+        summary_table,
+    )
 
     modes = [f"runtime:{e.strip()}" for e in args.engine.split(",") if e.strip()]
     modes += [f"raw:{e.strip()}" for e in args.raw.split(",") if e.strip()]
@@ -69,7 +75,7 @@ def _run_maskbench(args: argparse.Namespace) -> int:
         out = _result(results, modes[0], files, args, info.vocab_size, machine_note())
         with open(args.json_out, "w", encoding="utf-8") as fh:
             fh.write(_dumps(out))
-    _print_table(out["modes"])
+    print(summary_table(out["modes"]))
     return 0
 
 
@@ -106,14 +112,3 @@ def _dumps(out: dict[str, Any]) -> str:
         else:
             parts.append(f"{json.dumps(key)}: {json.dumps(val, indent=1)}")
     return "{\n" + ",\n".join(parts) + "\n}\n"
-
-
-def _print_table(modes: dict[str, dict[str, Any]]) -> None:
-    cols = ["schemas", "compiled", "compile_errors", "timeouts", "passing", "valid_ok",
-            "invalid_ok", "compile_ms_p50", "compile_ms_p90", "compile_ms_p99", "mask_us_p50",
-            "mask_us_p99", "mask_us_mean", "tokens"]
-    print("| mode | " + " | ".join(cols) + " |")
-    print("|---" * (len(cols) + 1) + "|")
-    for mode, s in modes.items():
-        cells = [f"{s[c]:.1f}" if isinstance(s[c], float) else str(s[c]) for c in cols]
-        print(f"| {mode} | " + " | ".join(cells) + " |")

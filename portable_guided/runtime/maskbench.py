@@ -25,7 +25,7 @@ from .specs import GrammarSpec
 from .tokenizer_info import TokenizerInfo
 from .worker import WorkerPool
 
-__all__ = ["MODES", "load_records", "run_mode", "summarize"]
+__all__ = ["MODES", "load_records", "run_mode", "summarize", "summary_table"]
 
 MODES = ("runtime:xgrammar", "runtime:llguidance", "runtime:auto", "raw:xgrammar",
          "raw:llguidance")
@@ -219,3 +219,22 @@ def machine_note() -> dict[str, Any]:
 
     return {"python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "note": "2-core machine shared with other engineers"}
+
+
+def summary_table(modes: dict[str, dict[str, Any]]) -> str:
+    """Markdown table of mode summaries: coverage counts, compile and mask time percentiles."""
+    counts = ("compiled", "compile_errors", "timeouts", "passing", "valid_ok", "invalid_ok")
+    lines = [
+        "| mode | schemas | compiled | compile err | timeouts | passing | valid ok | invalid ok "
+        "| compile ms p50 / p90 / p99 | mask us p50 / p99 / mean | masks |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
+    ]
+    for mode, s in modes.items():
+        lines.append(
+            f"| {mode.replace(':', ' ')} | {s['schemas']} | "
+            + " | ".join(str(s[c]) for c in counts)
+            + f" | {s['compile_ms_p50']:.1f} / {s['compile_ms_p90']:.1f} / "
+            f"{s['compile_ms_p99']:.0f} | {s['mask_us_p50']:.1f} / {s['mask_us_p99']:.0f} / "
+            f"{s['mask_us_mean']:.1f} | {s['tokens']} |"
+        )
+    return "\n".join(lines)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from portable_guided.decode.engine import GenerationRequest, Generator
+from tests.support import padded_rows
 
 pytestmark = [pytest.mark.paddle, pytest.mark.torch, pytest.mark.model]
 
@@ -17,20 +18,12 @@ LOGITS_ATOL = 1e-3
 PROMPTS = ["Hello, my name is", "The capital of France is a city called", "{\"a\": [1, 2,"]
 
 
-def _padded(rows: list[list[int]]) -> tuple[np.ndarray, list[int]]:
-    counts = [len(r) for r in rows]
-    ids = np.zeros((len(rows), max(counts)), dtype=np.int64)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = r
-    return ids, counts
-
-
 def test_logits_match_torch_runner(torch_runner, paddle_runner, tokenizer):
     import paddle
     import torch
 
     rows = [tokenizer(p)["input_ids"] for p in PROMPTS]
-    ids, counts = _padded(rows)
+    ids, counts = padded_rows(rows)
     for r in (torch_runner, paddle_runner):
         r.reset(4, 64)
     slots = [2, 0, 3]

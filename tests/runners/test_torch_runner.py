@@ -7,18 +7,11 @@ import pytest
 
 from portable_guided.decode.device import SamplingParams
 from portable_guided.decode.engine import GenerationRequest, Generator
+from tests.support import padded_rows
 
 pytestmark = [pytest.mark.torch, pytest.mark.model]
 
 PROMPTS = ["Hello, my name is", "The capital of France is", "List three colors:", "def fib(n):"]
-
-
-def _padded(rows: list[list[int]]) -> tuple[np.ndarray, list[int]]:
-    counts = [len(r) for r in rows]
-    ids = np.zeros((len(rows), max(counts)), dtype=np.int64)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = r
-    return ids, counts
 
 
 def test_ragged_prefill_and_cached_decode_match_transformers(torch_runner, tokenizer):
@@ -30,7 +23,7 @@ def test_ragged_prefill_and_cached_decode_match_transformers(torch_runner, token
     rows = [tokenizer(p)["input_ids"] for p in PROMPTS]
     torch_runner.reset(8, 64)
     slots = [5, 1, 7, 0]  # any slot order
-    ids, counts = _padded(rows)
+    ids, counts = padded_rows(rows)
     got = torch_runner.forward(slots, ids, counts, all_positions=True)
     extra = [11, 22, 33, 44]
     step = torch_runner.forward(slots, torch.tensor(extra))

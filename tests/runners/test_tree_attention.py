@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.support import padded_rows
+
 pytestmark = [pytest.mark.model]
 
 RUNNERS = [
@@ -37,9 +39,9 @@ def test_tree_forward_equals_each_branch_as_a_chain(request, name, tokenizer):
     tree = [prompt[-1], *words[:5]]
     runner.reset(4, 64)
     # Two rows of different cache lengths and token counts in one forward: a tree and a pair.
-    runner.forward([1, 3], *_pad([prompt[:-1], other[:-1]]))
+    runner.forward([1, 3], *padded_rows([prompt[:-1], other[:-1]]))
     start = runner.length(1)
-    ids, counts = _pad([tree, [other[-1], words[0]]])
+    ids, counts = padded_rows([tree, [other[-1], words[0]]])
     logits = runner.forward([1, 3], ids, counts, parents=[PARENTS, [-1, 0]]).cpu().numpy()
     assert logits.shape[0] == 6 + 2
     assert runner.length(1) == start + 6
@@ -56,14 +58,6 @@ def test_tree_forward_equals_each_branch_as_a_chain(request, name, tokenizer):
     nxt = runner.forward([1], np.array([[words[0]]])).cpu().numpy()
     ref = _chain_logits(runner, 2, prompt[:-1], [tree[0], tree[1], tree[3], tree[4], words[0]])
     np.testing.assert_allclose(nxt[0], ref[-1], atol=ATOL, rtol=0)
-
-
-def _pad(rows: list[list[int]]) -> tuple[np.ndarray, list[int]]:
-    counts = [len(r) for r in rows]
-    ids = np.zeros((len(rows), max(counts)), dtype=np.int64)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = r
-    return ids, counts
 
 
 @pytest.mark.parametrize("name", RUNNERS)
