@@ -25,7 +25,7 @@ PLATFORMS_DIR = REPO_ROOT / "platforms"
 # Allowed keys per table; anything else is a typo we want to hear about.
 _SCHEMA: dict[str, set[str]] = {
     "": {"name", "summary", "needs_hardware", "install", "env", "tests", "probe", "github"},
-    "install": {"constraints", "steps", "extras"},
+    "install": {"constraints", "steps", "extras", "disk_gb", "one_wheel_at_a_time"},
     "tests": {"paths", "markers", "keywords", "timeout_minutes"},
     "probe": {"any_path", "any_command", "hint"},
     "github": {"runs_on"},
@@ -55,6 +55,8 @@ class Lane:
     probe_paths: tuple[str, ...] = ()
     probe_commands: tuple[tuple[str, ...], ...] = ()
     probe_hint: str = ""
+    disk_gb: float = 0.0
+    one_wheel_at_a_time: bool = False
     source: Path = field(default=Path(), compare=False)
 
     @property
@@ -103,6 +105,12 @@ def load_lane(path: Path) -> Lane:
     steps = install.get("steps", [])
     if not isinstance(steps, list):
         raise LaneError(f"{path.name}: install.steps must be a list of lists, got {steps!r}")
+    disk_gb = install.get("disk_gb", 0)
+    if isinstance(disk_gb, bool) or not isinstance(disk_gb, (int, float)) or disk_gb < 0:
+        raise LaneError(f"{path.name}: install.disk_gb must be a number >= 0, got {disk_gb!r}")
+    one_wheel = install.get("one_wheel_at_a_time", False)
+    if not isinstance(one_wheel, bool):
+        raise LaneError(f"{path.name}: install.one_wheel_at_a_time must be true or false, got {one_wheel!r}")
     timeout = tests.get("timeout_minutes", 30)
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise LaneError(f"{path.name}: tests.timeout_minutes must be positive, got {timeout!r}")
@@ -128,6 +136,8 @@ def load_lane(path: Path) -> Lane:
             _str_list(c, f"{path.name}: probe.any_command item") for c in probe.get("any_command", [])
         ),
         probe_hint=str(probe.get("hint", "")),
+        disk_gb=float(disk_gb),
+        one_wheel_at_a_time=one_wheel,
         source=path,
     )
 

@@ -26,8 +26,10 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -39,7 +41,7 @@ if __package__ in (None, ""):  # run as a script: make ``ci`` importable
 
 from ci.lanes import REPO_ROOT, Lane, LaneError, load_lanes, probe_hardware
 
-__all__ = ["LaneResult", "main", "parse_pytest_summary", "run_lane"]
+__all__ = ["LaneResult", "install_lane", "main", "make_room", "parse_pytest_summary", "run_lane"]
 
 _STAMP = "portable-guided-lane.json"
 _COUNT_RE = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
@@ -118,12 +120,77 @@ def _lane_env(lane: Lane) -> dict[str, str]:
     return env
 
 
+def _venv_is_current(lane: Lane) -> bool:
+    stamp = lane.venv / _STAMP
+    return (stamp.exists() and _venv_python(lane).exists()
+            and json.loads(stamp.read_text()).get("fingerprint") == _install_fingerprint(lane))
+
+
+def _free_gib() -> float:
+    return shutil.disk_usage(REPO_ROOT).free / 2**30
+
+
+def make_room(lane: Lane, discardable: list[Lane]) -> str | None:
+    """Free disk for a fresh install of ``lane``; returns why it cannot run, or None.
+
+    A lane declares the free disk its install needs (``disk_gb``: the xla-cpu lane's torch 2.9.0
+    brings several GB of CUDA wheels). When the disk is short, the venvs of lanes that already ran
+    in this invocation (``discardable``, oldest first) are removed until it fits.
+    """
+    free = _free_gib()
+    print(f"[{lane.name}] {free:.1f} GiB free on disk; a fresh install needs {lane.disk_gb:g} GiB",
+          flush=True)
+    while free < lane.disk_gb and discardable:
+        done = discardable.pop(0)
+        if done.venv.exists():
+            print(f"[{lane.name}] removing {done.venv.name}/ (its lane has run) to make room",
+                  flush=True)
+            shutil.rmtree(done.venv, ignore_errors=True)
+            free = _free_gib()
+    if free < lane.disk_gb:
+        return (f"only {free:.1f} GiB free on disk; a fresh install of this lane needs "
+                f"{lane.disk_gb:g} GiB")
+    return None
+
+
+def _resolved_pins(lane: Lane, pip: list[str], step: Sequence[str],
+                   env: dict[str, str]) -> list[str] | str:
+    """Exact ``name==version`` of everything ``step`` would install, or an error."""
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "resolved.json"
+        status, _, timed_out = _stream([*pip, "--dry-run", "--report", str(report), *step],
+                                       env=env, timeout_s=900)
+        if status or timed_out:
+            return "timed out resolving" if timed_out else f"could not resolve (pip exited {status})"
+        items = json.loads(report.read_text(encoding="utf-8")).get("install", [])
+    return [f"{item['metadata']['name']}=={item['metadata']['version']}" for item in items]
+
+
+def _install_step(lane: Lane, pip: list[str], step: Sequence[str],
+                  env: dict[str, str]) -> str | None:
+    """Run one install step; returns an error or None.
+
+    With ``one_wheel_at_a_time`` the step is resolved first and each wheel installed by its own
+    pip call, so downloaded wheels never pile up beside the installed files (the peak disk use
+    of torch 2.9.0 drops by the size of its wheels, about 3 GB); the full step runs last and
+    checks that everything it needs is there.
+    """
+    commands = [[*pip, *step]]
+    if lane.one_wheel_at_a_time and "--no-deps" not in step and "-e" not in step:
+        pins = _resolved_pins(lane, pip, step, env)
+        if isinstance(pins, str):
+            return pins
+        commands = [[*pip, "--no-deps", pin] for pin in pins] + commands
+    for command in commands:
+        status, _, timed_out = _stream(command, env=env, timeout_s=1800)
+        if status or timed_out:
+            return "timed out" if timed_out else f"exited {status}"
+    return None
+
+
 def install_lane(lane: Lane, *, reinstall: bool = False) -> str | None:
     """Create or reuse the lane's venv and install the project into it; returns an error or None."""
-    stamp = lane.venv / _STAMP
-    fingerprint = _install_fingerprint(lane)
-    if (not reinstall and stamp.exists() and _venv_python(lane).exists()
-            and json.loads(stamp.read_text()).get("fingerprint") == fingerprint):
+    if not reinstall and _venv_is_current(lane):
         print(f"[{lane.name}] reusing {lane.venv.name}/ (declaration unchanged)", flush=True)
         return None
     env = _lane_env(lane)
@@ -132,28 +199,38 @@ def install_lane(lane: Lane, *, reinstall: bool = False) -> str | None:
                                env=env, timeout_s=300)
         if status:
             return f"could not create {lane.venv.name}/ (venv exited {status})"
+    stamp = lane.venv / _STAMP
     stamp.unlink(missing_ok=True)
     constraints = lane.venv / "constraints.txt"
     constraints.write_text("".join(c + "\n" for c in lane.constraints), encoding="utf-8")
+    # No pip cache: a cached copy of every wheel would double the disk a lane needs.
     pip = [str(_venv_python(lane)), "-m", "pip", "install", "--quiet", "--progress-bar", "off",
-           "-c", str(constraints)]
+           "--no-cache-dir", "-c", str(constraints)]
     project = "." + (f"[{','.join(lane.extras)}]" if lane.extras else "")
     for number, step in enumerate([*lane.steps, ("-e", project)], start=1):
-        status, _, timed_out = _stream([*pip, *step], env=env, timeout_s=1800)
-        if status or timed_out:
-            return f"install step {number} ({' '.join(step)}) " + (
-                "timed out" if timed_out else f"exited {status}")
-    stamp.write_text(json.dumps({"fingerprint": fingerprint, "lane": lane.name}), encoding="utf-8")
+        error = _install_step(lane, pip, step, env)
+        if error:
+            return f"install step {number} ({' '.join(step)}) {error}"
+    stamp.write_text(json.dumps({"fingerprint": _install_fingerprint(lane), "lane": lane.name}),
+                     encoding="utf-8")
     return None
 
 
 def run_lane(lane: Lane, *, reinstall: bool = False, install: bool = True,
-             require_hardware: bool = False, pytest_args: Sequence[str] = ()) -> LaneResult:
-    """Probe, install and test one lane."""
+             require_hardware: bool = False, pytest_args: Sequence[str] = (),
+             discardable: list[Lane] | None = None) -> LaneResult:
+    """Probe, install and test one lane.
+
+    ``discardable``: lanes already run whose venvs :func:`make_room` may remove for this one.
+    """
     present, why = probe_hardware(lane)
     if not present:
         status = "failed" if require_hardware else "skipped"
         return LaneResult(lane.name, status, why)
+    if install and (reinstall or not _venv_is_current(lane)):
+        short = make_room(lane, [] if discardable is None else discardable)
+        if short:
+            return LaneResult(lane.name, "skipped", short)
     start = time.monotonic()
     if install:
         error = install_lane(lane, reinstall=reinstall)
@@ -191,7 +268,7 @@ def _print_summary(results: Sequence[LaneResult]) -> None:
         total.update(r.counts)
     lanes = collections.Counter(r.status for r in results)
     print(f"lanes: {lanes['passed']} passed, {lanes['failed']} failed, {lanes['skipped']} skipped "
-          "(skipped = hardware not on this machine)")
+          "(skipped: hardware, or disk for the install, not on this machine)")
     # The plain closing line CI reads: tests summed over every lane that ran.
     print(f"tests: {total['passed']} passed, {total['failed'] + total['error']} failed, "
           f"{total['skipped']} skipped")
@@ -234,11 +311,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             selection = f"-m '{lane.markers}'" + (f" -k '{lane.keywords}'" if lane.keywords else "")
             print(f"{lane.name:<10} {'runs' if present else 'skipped':<8} {why}  [{selection}]")
         return 0
-    results = []
+    results, discardable = [], []
     for lane in selected:
         print(f"\n{'=' * 20} lane {lane.name}: {lane.summary} {'=' * 20}", flush=True)
         result = run_lane(lane, reinstall=args.reinstall, install=not args.no_install,
-                          require_hardware=args.require_hardware, pytest_args=pytest_args)
+                          require_hardware=args.require_hardware, pytest_args=pytest_args,
+                          discardable=discardable)
+        if lane.venv.exists():
+            discardable.append(lane)
         if result.status != "passed":
             print(f"[{lane.name}] {result.status}: {result.reason}", flush=True)
         results.append(result)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import subprocess
 import sys
+import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from ci.lanes import PLATFORMS_DIR, REPO_ROOT, LaneError, load_lane, load_lanes, probe_hardware
-from ci.matrix import parse_pytest_summary, run_lane
+from ci.matrix import _install_step, make_room, parse_pytest_summary, run_lane
 
 EXPECTED_LANES = {"cpu", "paddle", "xla-cpu", "cuda", "tpu", "xpu", "npu"}
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "matrix.yml"
@@ -147,3 +152,59 @@ def test_platform_readme_documents_every_key() -> None:
     for key in ("needs_hardware", "constraints", "steps", "extras", "paths", "markers",
                 "keywords", "timeout_minutes", "any_path", "any_command", "hint", "runs_on"):
         assert f"`{key}`" in readme or f"] {key}`" in readme, key
+
+
+def test_short_disk_removes_finished_venvs_then_skips_with_the_numbers(tmp_path: Path) -> None:
+    needy = replace(load_lane(_write_lane(tmp_path, name="needy")), disk_gb=1e6)
+    finished = replace(needy, name="pgtest-finished")  # its venv: <repo>/.venv-pgtest-finished
+    kept = replace(needy, name="pgtest-kept")
+    finished.venv.mkdir(exist_ok=True)
+    kept.venv.mkdir(exist_ok=True)
+    try:
+        assert make_room(replace(needy, disk_gb=0.0), [kept]) is None and kept.venv.exists()
+        reason = make_room(needy, [finished])
+        assert not finished.venv.exists()
+    finally:
+        shutil.rmtree(finished.venv, ignore_errors=True)
+        shutil.rmtree(kept.venv, ignore_errors=True)
+    assert reason is not None
+    assert re.fullmatch(r"only \d+\.\d GiB free on disk; a fresh install of this lane needs 1e\+06 GiB",
+                        reason), reason
+    result = run_lane(needy)
+    assert result.status == "skipped" and result.reason.endswith("needs 1e+06 GiB")
+
+
+def _tiny_wheel(folder: Path, name: str, requires: str = "") -> None:
+    """A minimal pure-Python wheel, so pip can resolve and install it with no index."""
+    info = f"{name}-1.0.dist-info"
+    files = {
+        f"{name}/__init__.py": "",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+                            + (f"Requires-Dist: {requires}\n" if requires else ""),
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{path},,\n" for path in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+
+
+def test_one_wheel_at_a_time_installs_each_resolved_wheel_by_itself(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _tiny_wheel(wheels, "pgdemo_top", requires="pgdemo_dep")
+    _tiny_wheel(wheels, "pgdemo_dep")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(wheels)]
+    lane = replace(load_lane(_write_lane(tmp_path)), one_wheel_at_a_time=True)
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    assert _install_step(lane, pip, ("pgdemo_top",), env) is None
+    commands = [line[2:] for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
+    assert "--dry-run" in commands[0]
+    assert sorted(c.split()[-1] for c in commands[1:3]) == ["pgdemo_dep==1.0", "pgdemo_top==1.0"]
+    assert all("--no-deps" in c for c in commands[1:3]) and commands[3].endswith("pgdemo_top")
+    subprocess.run([python, "-c", "import pgdemo_top, pgdemo_dep"], check=True)
+    assert _install_step(lane, pip, ("pgdemo_missing",), env) == "could not resolve (pip exited 1)"
