@@ -5,7 +5,8 @@
 1. Per-mask overhead over raw xgrammar: the same compiled grammars and token positions,
    raw ``GrammarMatcher.fill_next_token_bitmask`` and the runtime's ``Request.fill`` (and a
    batch of one through ``GrammarRuntime.fill_bitmask``) timed interleaved; medians.
-2. Batch fill of 64 requests with 2 threads vs filling them one by one.
+2. Batch fill of 64 requests with 2 threads vs filling them one by one: at fixed states
+   (random and slowest positions) and along a real decode walk (``walk``).
 3. Cost of a cache hit (``compile_async`` of a cached spec, and ``new_request``).
 4. A second process with the on-disk cache skips the compile.
 5. A pathological spec (nested anyOf, minutes to compile) is stopped near its time limit,
@@ -194,6 +195,94 @@ def bench_batch_fill(info, start_after: str | None = None) -> dict:
     return out
 
 
+def _walk_setup(rt, info, recs, n: int = 64) -> list[tuple]:
+    """(spec, token ids of a valid instance) for ``n`` compiled MaskBench schemas."""
+    items = []
+    for rec in recs:
+        if len(items) == n:
+            break
+        valid = [t for t in rec["tests"] if t["valid"]]
+        try:
+            spec = GrammarSpec.json_schema(rec["schema"])
+        except Exception:  # noqa: BLE001, S112 - invalid schemas are skipped
+            continue
+        if valid and not rt.new_request(spec).wait(300).failed:
+            items.append((spec, info.encode(json.dumps(valid[0]["data"], ensure_ascii=False))))
+    return items
+
+
+def _walk(rt, items, fill, steps: int, bm) -> tuple[float, list[list[float]]]:
+    """Decode ``steps`` tokens for every request: fill the batch's masks (timed), then accept
+    each request's next instance token; a request that finishes (or whose tokenization the
+    grammar rejects) starts over. Returns the total fill time and, when ``fill`` is None,
+    each step's per-row mask costs (rows filled one by one and timed)."""
+    perf = time.perf_counter
+    reqs = [rt.new_request(spec, on_error="reject").wait(60) for spec, _ in items]
+    pos = [0] * len(items)
+    total, row_costs = 0.0, []
+    for _ in range(steps):
+        if fill is None:
+            costs = []
+            for i, r in enumerate(reqs):
+                t0 = perf(); r.fill(bm, i); costs.append(perf() - t0)
+            row_costs.append(costs)
+        else:
+            t0 = perf(); fill(reqs); total += perf() - t0
+        for i, (spec, ids) in enumerate(items):
+            ok = reqs[i].accept(ids[pos[i]])
+            pos[i] += 1
+            if not ok or pos[i] == len(ids):
+                reqs[i] = rt.new_request(spec, on_error="reject").wait(60)
+                pos[i] = 0
+    return total, row_costs
+
+
+def bench_decode_walk(info, steps: int = 400, repeats: int = 5) -> dict:
+    """64 requests decoding their MaskBench instances in lockstep (the decode loop's real
+    workload: costs change every token), each step's masks filled one by one, by
+    ``GrammarRuntime.fill_bitmask`` (2 threads, default settings), and by the engine's batch
+    API; whole walks interleaved, medians of ``repeats``.
+
+    ``two_thread_bound``: per step, two threads cannot finish before the step's most expensive
+    mask, nor before half the sum: the walk's total of max(largest, sum / 2) bounds any
+    row-parallel fill, whatever its order or overhead."""
+    recs = load_records([str(DATA / "Github_medium.jsonl"), str(DATA / "Github_easy.jsonl")], 80)
+    out = {}
+    for engine in ("xgrammar", "llguidance"):
+        with GrammarRuntime(info, engine, compile_timeout_s=10, fill_threads=2) as rt:
+            items = _walk_setup(rt, info, recs)
+            bm = rt.allocate_bitmask(len(items))
+            rows = range(len(items))
+
+            def one_by_one(reqs):
+                for i, r in enumerate(reqs):
+                    r.fill(bm, i)
+
+            def engine_batch_api(reqs):
+                reqs[0]._engine.fill_batch([r._matcher for r in reqs], bm, rows)
+
+            fills = {"one_by_one": one_by_one,
+                     "fill_bitmask": lambda reqs: rt.fill_bitmask(reqs, bm),
+                     "engine_batch_api": engine_batch_api}
+            totals: dict[str, list[float]] = {name: [] for name in fills}
+            for _ in range(repeats):
+                for name, fill in fills.items():
+                    totals[name].append(_walk(rt, items, fill, steps, bm)[0])
+            _, row_costs = _walk(rt, items, None, steps, bm)
+            serial = sum(sum(c) for c in row_costs)
+            bound = sum(max(max(c), sum(c) / 2) for c in row_costs)
+            base = med(totals["one_by_one"])
+            row = {"requests": len(items), "steps": steps}
+            for name, ts in totals.items():
+                row[f"{name}_ms_per_step"] = med(ts) / steps * 1e3
+                row[f"speedup_{name}"] = base / med(ts)
+            row["two_thread_bound_speedup"] = serial / bound
+            row["largest_mask_share_of_step_p50"] = med([max(c) / sum(c) for c in row_costs])
+            out[engine] = row
+    out["target"] = "batch of 64 with 2 threads >= 1.6x faster than one by one"
+    return out
+
+
 def _parallel_control() -> float:
     """Speedup of 2 threads on GIL-free work (hashing): what parallelism the machine gives
     right now. About 1.0 means only one core was free, so no batch speedup can show."""
@@ -304,7 +393,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--schemas", type=int, default=40)
     ap.add_argument("--json", default=str(ROOT / "bench/results/maskbench_targets.json"))
-    ap.add_argument("--only", default="", help="comma list: overhead,batch,cache,disk,timeout")
+    ap.add_argument("--only", default="",
+                    help="comma list: overhead,batch,walk,cache,disk,timeout")
     ap.add_argument("--start-after", default=None, metavar="FILE",
                     help="batch: build the states, then wait for FILE before timing")
     args = ap.parse_args()
@@ -312,7 +402,8 @@ def main() -> None:
     info = load_tokenizer_info("deepseek")
     results: dict = {"machine": machine_note(), "tokenizer": "deepseek (129,280)"}
     steps = [("overhead", lambda: bench_mask_overhead(info, args.schemas)),
-             ("batch", lambda: bench_batch_fill(info, args.start_after)), ("cache", lambda: bench_cache_hit(info)),
+             ("batch", lambda: bench_batch_fill(info, args.start_after)),
+             ("walk", lambda: bench_decode_walk(info)), ("cache", lambda: bench_cache_hit(info)),
              ("disk", bench_disk_cache), ("timeout", lambda: bench_timeout(info))]
     previous = Path(args.json)
     if only and previous.exists():  # a partial run updates the earlier results

@@ -94,6 +94,7 @@ class Request:
         self._think_log: list[int] = []
         self._think_progress = 0
         self.num_rejected = 0
+        self._fill_cost = 0.0  # seconds the last batch-filled mask took (orders batches)
         self._serial = runtime._next_serial()
         self._ready_event = threading.Event()
         self._future = future

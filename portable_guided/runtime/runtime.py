@@ -14,6 +14,7 @@ import numpy as np
 
 from .compile_service import CompiledGrammar, CompileService
 from .engines import Engine, Matcher
+from .fill_pool import FillPool
 from .metrics import Metrics
 from .request import ReasoningConfig, Request
 from .specs import GrammarSpec
@@ -87,7 +88,10 @@ class GrammarRuntime:
         valid[list(tokenizer_info.stop_token_ids)] = 0
         self._no_stop_row = np.packbits(valid, bitorder="little").view(np.int32).copy()
         self._single_rows: dict[int, np.ndarray] = {}
-        self._finalizer = weakref.finalize(self, _shutdown, self._service, self._executor)
+        self._fill_pools: list[FillPool] = []  # at most one; a list so _shutdown sees it
+        self._pool_lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _shutdown, self._service, self._executor,
+                                          self._fill_pools)
 
     # -- shape -----------------------------------------------------------------------------
     @property
@@ -171,14 +175,18 @@ class GrammarRuntime:
         for i, req in enumerate(requests):
             if req is None:
                 bm[row_list[i]] = -1
-        # Threads pay off only when the step's masks cost more than the handoff to the
-        # engine's thread pool (a few hundred us); cheap steps are filled in this thread.
-        threaded = (self.fill_threads > 1 and len(live) > 1
-                    and self._row_cost * len(live) >= self.parallel_fill_min_s)
+        # Threads pay off only when the step's masks cost more than the handoff to them (a
+        # few hundred us); cheap steps are filled in this thread. Each request's last mask
+        # time predicts its next one.
+        threaded = self.fill_threads > 1 and len(live) > 1 and sum(
+            requests[i]._fill_cost or self._row_cost for i in live  # type: ignore[union-attr]
+        ) >= self.parallel_fill_min_s
+        pooled: list[tuple[Request, Matcher, int]] = []
         groups: dict[int, tuple[Engine, list[Matcher], list[int]]] = {}
         locked: list[Any] = []
         n_rows = 0
-        t_fill = time.perf_counter()
+        perf = time.perf_counter
+        t_fill = perf()
         try:
             for i in live:
                 req = requests[i]
@@ -190,19 +198,28 @@ class GrammarRuntime:
                     req._fill_special(bm, row_list[i])  # type: ignore[union-attr]
                     continue
                 n_rows += 1
-                if not threaded:
-                    matcher.fill(bm, row_list[i])
-                    continue
                 engine = req._engine  # type: ignore[union-attr]
-                group = groups.get(id(engine))
-                if group is None:
-                    group = groups[id(engine)] = (engine, [], [])  # type: ignore[assignment]
-                group[1].append(matcher)
-                group[2].append(row_list[i])
+                if not threaded:
+                    t_row = perf()
+                    matcher.fill(bm, row_list[i])
+                    req._fill_cost = perf() - t_row  # type: ignore[union-attr]
+                elif engine.fill_releases_gil:
+                    pooled.append((req, matcher, row_list[i]))  # type: ignore[arg-type]
+                else:
+                    group = groups.get(id(engine))
+                    if group is None:
+                        group = groups[id(engine)] = (engine, [], [])  # type: ignore[assignment]
+                    group[1].append(matcher)
+                    group[2].append(row_list[i])
+            if pooled:  # longest first: an expensive mask started last strands a thread
+                pooled.sort(key=lambda job: job[0]._fill_cost, reverse=True)
+                costs = self._pool().run([(m, row) for _, m, row in pooled], bm)
+                for (req, _, _), cost in zip(pooled, costs):
+                    req._fill_cost = cost
             for engine, matchers, rws in groups.values():
                 engine.fill_batch(matchers, bm, rws)
             if n_rows:
-                per_row = (time.perf_counter() - t_fill) / n_rows
+                per_row = (perf() - t_fill) / n_rows
                 if threaded:
                     per_row *= min(self.fill_threads, n_rows)
                 self._row_cost = per_row if not self._row_cost else (
@@ -211,6 +228,13 @@ class GrammarRuntime:
             for lock in locked:
                 lock.release()
         self.metrics_sink.record_fill(n, time.perf_counter() - t0)
+
+    def _pool(self) -> FillPool:
+        """The fill threads, started on the first batch that needs them."""
+        with self._pool_lock:
+            if not self._fill_pools:
+                self._fill_pools.append(FillPool(self.fill_threads))
+            return self._fill_pools[0]
 
     async def afill_bitmask(
         self,
@@ -270,9 +294,12 @@ class GrammarRuntime:
         self.close()
 
 
-def _shutdown(service: CompileService, executor: ThreadPoolExecutor) -> None:
+def _shutdown(service: CompileService, executor: ThreadPoolExecutor,
+              fill_pools: list[FillPool]) -> None:
     service.close()
     executor.shutdown(wait=False, cancel_futures=True)
+    for pool in fill_pools:
+        pool.close()
 
 
 def _as_numpy_bitmask(bitmask: Any, words: int) -> np.ndarray:

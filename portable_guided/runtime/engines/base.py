@@ -53,6 +53,9 @@ class Engine(ABC):
 
     #: Registry name (``"xgrammar"`` or ``"llguidance"``).
     name: str = ""
+    #: Whether ``Matcher.fill`` releases the GIL, so the runtime's own threads can fill rows
+    #: (timed one by one and ordered longest first); otherwise batches go to :meth:`fill_batch`.
+    fill_releases_gil: bool = False
 
     @staticmethod
     @abstractmethod

@@ -102,6 +102,7 @@ class LLGuidanceEngine(Engine):
     matcher that new requests deep-copy."""
 
     name = "llguidance"
+    fill_releases_gil = True  # LLMatcher.unsafe_compute_mask_ptr runs without the GIL
 
     def __init__(self, lltokenizer: Any, *, fill_threads: int = 1) -> None:
         import llguidance as llg

@@ -54,6 +54,7 @@ class XGrammarEngine(Engine):
     """Compiles with ``xgrammar.GrammarCompiler`` and fills with ``BatchGrammarMatcher``."""
 
     name = "xgrammar"
+    fill_releases_gil = True  # GrammarMatcher.fill_next_token_bitmask releases it
 
     def __init__(self, tokenizer_info: Any, *, fill_threads: int = 1) -> None:
         import xgrammar as xgr
