@@ -22,6 +22,15 @@ from .tokenizer_info import TokenizerInfo, load_tokenizer_info
 
 __all__ = ["GrammarRuntime"]
 
+# Mean row cost above which batches go to our FillPool rather than the engine's batch call
+# (bench/maskbench_targets.py: at 8 us a row xgrammar's call ran 1.49x and the pool 1.17x;
+# at 175 us a row, ordered longest first, the pool ran 1.73x and the call 1.27x).
+_POOL_MIN_ROW_S = 20e-6
+
+
+def _by_cost(job: tuple[Request, Matcher, int]) -> float:
+    return job[0]._fill_cost
+
 
 class GrammarRuntime:
     """Compiles grammars in the background and fills bitmasks for batches of requests.
@@ -181,8 +190,11 @@ class GrammarRuntime:
         threaded = self.fill_threads > 1 and len(live) > 1 and sum(
             requests[i]._fill_cost or self._row_cost for i in live  # type: ignore[union-attr]
         ) >= self.parallel_fill_min_s
+        # Our pool times each row (so the next batch starts with the costliest) but pays a GIL
+        # handoff per row; below ~20 us a row, the engine's own batch call is faster.
+        pool_rows = threaded and self._row_cost >= _POOL_MIN_ROW_S
         pooled: list[tuple[Request, Matcher, int]] = []
-        groups: dict[int, tuple[Engine, list[Matcher], list[int]]] = {}
+        groups: dict[int, tuple[Engine, list[tuple[Request, Matcher, int]]]] = {}
         locked: list[Any] = []
         n_rows = 0
         perf = time.perf_counter
@@ -203,21 +215,22 @@ class GrammarRuntime:
                     t_row = perf()
                     matcher.fill(bm, row_list[i])
                     req._fill_cost = perf() - t_row  # type: ignore[union-attr]
-                elif engine.fill_releases_gil:
+                elif pool_rows and engine.fill_releases_gil:
                     pooled.append((req, matcher, row_list[i]))  # type: ignore[arg-type]
                 else:
                     group = groups.get(id(engine))
                     if group is None:
-                        group = groups[id(engine)] = (engine, [], [])  # type: ignore[assignment]
-                    group[1].append(matcher)
-                    group[2].append(row_list[i])
-            if pooled:  # longest first: an expensive mask started last strands a thread
-                pooled.sort(key=lambda job: job[0]._fill_cost, reverse=True)
+                        group = groups[id(engine)] = (engine, [])  # type: ignore[assignment]
+                    group[1].append((req, matcher, row_list[i]))  # type: ignore[arg-type]
+            # Longest first: an expensive mask started last leaves the other threads idle.
+            if pooled:
+                pooled.sort(key=_by_cost, reverse=True)
                 costs = self._pool().run([(m, row) for _, m, row in pooled], bm)
                 for (req, _, _), cost in zip(pooled, costs):
                     req._fill_cost = cost
-            for engine, matchers, rws in groups.values():
-                engine.fill_batch(matchers, bm, rws)
+            for engine, jobs in groups.values():
+                jobs.sort(key=_by_cost, reverse=True)
+                engine.fill_batch([m for _, m, _ in jobs], bm, [row for _, _, row in jobs])
             if n_rows:
                 per_row = (perf() - t_fill) / n_rows
                 if threaded:

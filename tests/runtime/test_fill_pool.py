@@ -92,24 +92,44 @@ def test_close_stops_the_helpers_and_later_runs_fail():
 
 @pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
 def test_runtime_orders_each_batch_longest_first_by_last_cost(deepseek, monkeypatch, engine):
-    seen: list[list[int]] = []
+    pooled: list[list[int]] = []
+    batched: list[list[int]] = []
     real_run = FillPool.run
 
-    def spy(self, jobs, bitmask):
-        seen.append([row for _, row in jobs])
+    def spy_run(self, jobs, bitmask):
+        pooled.append([row for _, row in jobs])
         return real_run(self, jobs, bitmask)
 
-    monkeypatch.setattr(FillPool, "run", spy)
+    monkeypatch.setattr(FillPool, "run", spy_run)
     with GrammarRuntime(deepseek, engine, compile_timeout_s=None, fill_threads=2,
                         parallel_fill_min_us=0.0) as rt:
         reqs = _requests(rt, 8)
+        cls = type(reqs[0]._engine)
+        real_fill_batch = cls.fill_batch
+
+        def spy_fill_batch(self, matchers, bitmask, rows):
+            batched.append(list(rows))
+            return real_fill_batch(self, matchers, bitmask, rows)
+
+        monkeypatch.setattr(cls, "fill_batch", spy_fill_batch)
         fake_costs = [0.3, 0.1, 0.8, 0.2, 0.7, 0.5, 0.4, 0.6]
+        fake_order = sorted(range(8), key=lambda i: -fake_costs[i])
         for req, cost in zip(reqs, fake_costs):
             req._fill_cost = cost
         bm = rt.allocate_bitmask(8)
+        expected = np.zeros_like(bm)
+        for row, req in enumerate(reqs):
+            req.fill(expected, row)
+
+        rt._row_cost = 1e-6  # cheap rows: the engine's batch call, in the same order
         rt.fill_bitmask(reqs, bm)
-        assert seen[-1] == sorted(range(8), key=lambda i: -fake_costs[i])
+        assert batched == [fake_order] and pooled == [] and np.array_equal(bm, expected)
+
+        rt._row_cost = 1.0  # costly rows: our pool, which times each row
+        bm[:] = 0
+        rt.fill_bitmask(reqs, bm)
+        assert pooled == [fake_order] and np.array_equal(bm, expected)
         measured = [req._fill_cost for req in reqs]
         assert all(0 < c < 0.1 for c in measured)  # replaced by the real times
         rt.fill_bitmask(reqs, bm)
-        assert seen[-1] == sorted(range(8), key=lambda i: -measured[i])
+        assert pooled[-1] == sorted(range(8), key=lambda i: -measured[i])
