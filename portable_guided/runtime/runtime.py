@@ -23,9 +23,10 @@ from .tokenizer_info import TokenizerInfo, load_tokenizer_info
 __all__ = ["GrammarRuntime"]
 
 # Mean row cost above which batches go to our FillPool rather than the engine's batch call
-# (bench/maskbench_targets.py: at 8 us a row xgrammar's call ran 1.49x and the pool 1.17x;
-# at 175 us a row, ordered longest first, the pool ran 1.73x and the call 1.27x).
-_POOL_MIN_ROW_S = 20e-6
+# (bench/maskbench_targets.py: at 8-12 us a row xgrammar's call ran 1.13-1.49x and the pool
+# 0.9-1.17x; at 175 us a row, ordered longest first, the pool ran 1.67-1.73x and the call
+# 1.25x; at 26 us (a decode walk) both 1.29x).
+_POOL_MIN_ROW_S = 30e-6
 
 
 def _by_cost(job: tuple[Request, Matcher, int]) -> float:
@@ -191,9 +192,10 @@ class GrammarRuntime:
             requests[i]._fill_cost or self._row_cost for i in live  # type: ignore[union-attr]
         ) >= self.parallel_fill_min_s
         # Our pool times each row (so the next batch starts with the costliest) but pays a GIL
-        # handoff per row; below ~20 us a row, the engine's own batch call is faster.
+        # handoff per row; below ~30 us a row, the engine's own batch call is faster.
         pool_rows = threaded and self._row_cost >= _POOL_MIN_ROW_S
         pooled: list[tuple[Request, Matcher, int]] = []
+        costs: list[float] = []
         groups: dict[int, tuple[Engine, list[tuple[Request, Matcher, int]]]] = {}
         locked: list[Any] = []
         n_rows = 0
@@ -232,9 +234,12 @@ class GrammarRuntime:
                 jobs.sort(key=_by_cost, reverse=True)
                 engine.fill_batch([m for _, m, _ in jobs], bm, [row for _, _, row in jobs])
             if n_rows:
-                per_row = (perf() - t_fill) / n_rows
-                if threaded:
-                    per_row *= min(self.fill_threads, n_rows)
+                if pooled and not groups:  # the pool's row times are exact
+                    per_row = sum(costs) / len(pooled)
+                else:  # wall time as if on one thread (an upper bound when threaded)
+                    per_row = (perf() - t_fill) / n_rows
+                    if threaded:
+                        per_row *= min(self.fill_threads, n_rows)
                 self._row_cost = per_row if not self._row_cost else (
                     0.8 * self._row_cost + 0.2 * per_row)
         finally:
