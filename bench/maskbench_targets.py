@@ -19,6 +19,7 @@ run, not runs with each other.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -85,20 +86,8 @@ def _states(rt, info, recs, heavy: bool, rng) -> list:
     random position, or (heavy) to the position whose mask was slowest in a probe walk."""
     reqs = []
     bm = rt.allocate_bitmask(1)
-    for rec in recs:
-        if len(reqs) == 64:
-            break
-        valid = [t for t in rec["tests"] if t["valid"]]
-        if not valid:
-            continue
-        try:
-            spec = GrammarSpec.json_schema(rec["schema"])
-        except Exception:  # noqa: BLE001, S112 - invalid schemas are skipped
-            continue
-        req = rt.new_request(spec).wait(300)
-        if req.failed:
-            continue
-        ids = info.encode(json.dumps(valid[0]["data"], ensure_ascii=False))
+    for spec, ids in _schema_instances(rt, info, recs):
+        req = rt.new_request(spec).wait(60)
         if heavy:
             probe = rt.new_request(spec, on_error="reject").wait(60)
             costs = []
@@ -113,6 +102,8 @@ def _states(rt, info, recs, heavy: bool, rng) -> list:
             k = rng.randrange(len(ids))
         if req.accept_tokens(ids[:k]) == k:
             reqs.append(req)
+        if len(reqs) == 64:
+            break
     return reqs
 
 
@@ -195,20 +186,16 @@ def bench_batch_fill(info, start_after: str | None = None) -> dict:
     return out
 
 
-def _walk_setup(rt, info, recs, n: int = 64) -> list[tuple]:
-    """(spec, token ids of a valid instance) for ``n`` compiled MaskBench schemas."""
-    items = []
+def _schema_instances(rt, info, recs):
+    """(spec, token ids of its first valid instance) for each record whose schema compiles."""
     for rec in recs:
-        if len(items) == n:
-            break
         valid = [t for t in rec["tests"] if t["valid"]]
         try:
             spec = GrammarSpec.json_schema(rec["schema"])
         except Exception:  # noqa: BLE001, S112 - invalid schemas are skipped
             continue
         if valid and not rt.new_request(spec).wait(300).failed:
-            items.append((spec, info.encode(json.dumps(valid[0]["data"], ensure_ascii=False))))
-    return items
+            yield spec, info.encode(json.dumps(valid[0]["data"], ensure_ascii=False))
 
 
 def _walk(rt, items, fill, steps: int, bm) -> tuple[float, list[list[float]]]:
@@ -250,7 +237,7 @@ def bench_decode_walk(info, steps: int = 400, repeats: int = 5) -> dict:
     out = {}
     for engine in ("xgrammar", "llguidance"):
         with GrammarRuntime(info, engine, compile_timeout_s=10, fill_threads=2) as rt:
-            items = _walk_setup(rt, info, recs)
+            items = list(itertools.islice(_schema_instances(rt, info, recs), 64))
             bm = rt.allocate_bitmask(len(items))
             rows = range(len(items))
 
