@@ -1,0 +1,260 @@
+"""Our :class:`~portable_guided.runtime.GrammarRuntime` as vLLM's structured-output backend.
+
+Turned on by ``PORTABLE_GUIDED_VLLM_BACKEND=1``. Requests whose backend vLLM resolved to
+``xgrammar`` or ``guidance`` are then compiled by the runtime (worker processes killed at a
+real time limit, in-flight deduplication, memory and optional disk caches shared by
+processes) and filled with one batched, multi-threaded call per step. vLLM's scheduler keeps
+its own roles: it decides which rows are constrained (reasoning phases), fails a request
+whose token the grammar rejects, and rolls back speculative tokens.
+
+Languages match vLLM's ``xgrammar`` backend: JSON schemas in xgrammar's strict mode (no
+undeclared properties), ``any_whitespace`` unless ``disable_any_whitespace``, EBNF with
+root ``root``, choices as vLLM's own choice grammar. Differences, documented in the README:
+Lark grammars and the newer structural-tag format are refused (the request fails alone);
+``json_object`` allows any object (vLLM's xgrammar backend compiles ``{"type": "object"}``
+in strict mode, which admits only ``{}``); stop tokens are the tokenizer's end tokens, not
+per-request extra stop ids.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ...runtime import GrammarRuntime, GrammarSpec, Request, load_tokenizer_info
+from ...runtime.errors import GrammarError
+
+import torch
+from vllm.v1.structured_output import StructuredOutputManager
+from vllm.v1.structured_output.backend_types import (
+    StructuredOutputBackend,
+    StructuredOutputGrammar,
+    StructuredOutputOptions,
+)
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+__all__ = ["PortableGuidedBackend", "PortableGuidedGrammar", "install_backend",
+           "uninstall_backend"]
+
+logger = logging.getLogger("vllm.plugins.portable_guided")
+
+#: vLLM backend names whose requests the runtime serves.
+SERVED_BACKENDS = ("xgrammar", "guidance")
+_ORIGINALS: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def _env_float(name: str, default: float | None) -> float | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+    return value if value > 0 else None
+
+
+@dataclass
+class PortableGuidedBackend(StructuredOutputBackend):
+    """vLLM ``StructuredOutputBackend`` backed by one :class:`GrammarRuntime` per engine."""
+
+    runtime: GrammarRuntime = field(init=False)
+
+    def __post_init__(self) -> None:
+        info = load_tokenizer_info(self.tokenizer, vocab_size=self.vocab_size)
+        engine = os.environ.get("PORTABLE_GUIDED_VLLM_ENGINE", "xgrammar")
+        timeout_s = _env_float("PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S", 30.0)
+        self.runtime = GrammarRuntime(
+            info,
+            engine=engine,
+            compile_timeout_s=timeout_s,
+            disk_cache_dir=os.environ.get("PORTABLE_GUIDED_VLLM_CACHE_DIR") or None,
+        )
+        config = self.vllm_config.structured_outputs_config
+        self.any_whitespace = not config.disable_any_whitespace
+        logger.info(
+            "portable_guided grammar runtime serves vLLM's structured outputs (engine %s, "
+            "compile limit %s s, pid %d)", engine, timeout_s, os.getpid(),
+        )
+
+    def spec_for(self, request_type: StructuredOutputOptions, grammar_spec: str) -> GrammarSpec:
+        """The :class:`GrammarSpec` of one vLLM request (raises ``GrammarSpecError``)."""
+        if request_type == StructuredOutputOptions.JSON:
+            return GrammarSpec.json_schema(grammar_spec, any_whitespace=self.any_whitespace)
+        if request_type == StructuredOutputOptions.JSON_OBJECT:
+            return GrammarSpec.any_json(any_whitespace=self.any_whitespace)
+        if request_type == StructuredOutputOptions.REGEX:
+            return GrammarSpec.regex(grammar_spec)
+        if request_type == StructuredOutputOptions.GRAMMAR:
+            from vllm.v1.structured_output.utils import grammar_is_likely_lark
+
+            if grammar_is_likely_lark(grammar_spec):
+                raise GrammarError("Lark grammars are not served by portable_guided's runtime")
+            return GrammarSpec.ebnf(grammar_spec)
+        if request_type == StructuredOutputOptions.STRUCTURAL_TAG:
+            tag = json.loads(grammar_spec)
+            if "structures" not in tag:
+                raise GrammarError(
+                    "portable_guided's runtime serves the structural-tag format with "
+                    "'structures' and 'triggers' only"
+                )
+            return GrammarSpec.structural_tag(tag["structures"], tag["triggers"])
+        raise GrammarError(f"unsupported structured output type {request_type!s}")
+
+    def compile_grammar(
+        self,
+        request_type: StructuredOutputOptions,
+        grammar_spec: str,
+        stop_token_ids: set[int] | None = None,
+    ) -> StructuredOutputGrammar:
+        """Compile in the runtime (time-limited, cached); raise to fail this request only."""
+        request = self.runtime.new_request(self.spec_for(request_type, grammar_spec),
+                                           on_error="reject")
+        request.wait()
+        if request.failed:
+            raise request.error  # type: ignore[misc]
+        return PortableGuidedGrammar(request)
+
+    def allocate_token_bitmask(self, max_num_seqs: int) -> torch.Tensor:
+        """All-allowed int32 rows, as a CPU tensor (vLLM slices and copies rows with torch)."""
+        return torch.from_numpy(self.runtime.allocate_bitmask(max_num_seqs))
+
+    def destroy(self) -> None:
+        """Stop the runtime's compile workers and fill threads."""
+        self.runtime.close()
+
+
+class PortableGuidedGrammar(StructuredOutputGrammar):
+    """One vLLM request's grammar state: a runtime :class:`Request` with vLLM's semantics."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        """Advance by ``tokens``; False (state kept) when the grammar rejects one. Tokens
+        after the grammar terminated are ignored, as in vLLM's xgrammar backend."""
+        for token in tokens:
+            if self.request.is_terminated:
+                break
+            if not self.request.accept(token):
+                logger.error("grammar rejected token %d for request %s", token, request_id)
+                return False
+        return True
+
+    def validate_tokens(self, tokens: list[int]) -> list[int]:
+        """The longest prefix of ``tokens`` the grammar accepts; the state is unchanged."""
+        accepted: list[int] = []
+        for token in tokens:
+            if self.request.is_terminated or not self.request.accept_tokens([token]):
+                break
+            accepted.append(token)
+        if accepted:
+            self.request.rollback(len(accepted))
+        return accepted
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens."""
+        self.request.rollback(num_tokens)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, batch_index: int) -> None:
+        """Fill one row (vLLM's per-row path, used with speculative tokens)."""
+        self.request.fill(bitmask, batch_index)
+
+    def is_terminated(self) -> bool:
+        """True once the grammar accepted a stop token."""
+        return self.request.is_terminated
+
+    def reset(self) -> None:
+        """Back to the start of the grammar."""
+        self.request.rollback(self.request.num_accepted)
+
+
+def _grammar_init(self: StructuredOutputManager, request: Any) -> None:
+    if self.backend is None and request.structured_output_request is not None:
+        name = request.sampling_params.structured_outputs._backend
+        if name in SERVED_BACKENDS:
+            self.backend = PortableGuidedBackend(
+                self.vllm_config, tokenizer=self.tokenizer,
+                vocab_size=self.vllm_config.model_config.get_vocab_size(),
+            )
+    _ORIGINALS["grammar_init"](self, request)
+
+
+def _create_grammar(self: StructuredOutputManager, request: Any) -> StructuredOutputGrammar:
+    if not isinstance(self.backend, PortableGuidedBackend):
+        return _ORIGINALS["_create_grammar"](self, request)
+    request_type, grammar_spec = request.structured_output_request.structured_output_key
+    try:
+        return self.backend.compile_grammar(request_type, grammar_spec)
+    except GrammarError as exc:
+        # A bad grammar fails its request only; one line, not a traceback per request.
+        logger.error("grammar for request %s failed: %s", request.request_id, exc)
+        raise
+
+
+def _grammar_bitmask(
+    self: StructuredOutputManager,
+    requests: dict[str, Any],
+    structured_output_request_ids: list[str],
+    scheduled_spec_decode_tokens: dict[str, list[int]],
+) -> npt.NDArray[Any] | None:
+    backend = self.backend
+    if (
+        not isinstance(backend, PortableGuidedBackend)
+        or not structured_output_request_ids
+        or self.vllm_config.num_speculative_tokens
+    ):
+        # Speculative rows need accept/rollback between rows: vLLM's per-row path does it
+        # through PortableGuidedGrammar.
+        return _ORIGINALS["grammar_bitmask"](
+            self, requests, structured_output_request_ids, scheduled_spec_decode_tokens
+        )
+    if self._grammar_bitmask is None:
+        self._grammar_bitmask = backend.allocate_token_bitmask(
+            self.vllm_config.scheduler_config.max_num_seqs
+        )
+    rows: list[Request | None] = []
+    for req_id in structured_output_request_ids:
+        request = requests[req_id]
+        grammar = request.structured_output_request.grammar
+        constrained = self._get_constraint_bounds(request, ()).constraint_start == 0
+        # vLLM's own rule: a terminated grammar or an unconstrained (reasoning) row is
+        # all-allowed; None does exactly that.
+        rows.append(grammar.request if constrained and not grammar.is_terminated() else None)
+    bitmask = self._grammar_bitmask[: len(rows)].numpy()
+    backend.runtime.fill_bitmask(rows, bitmask)
+    return bitmask
+
+
+_PATCHES = {
+    "grammar_init": _grammar_init,
+    "_create_grammar": _create_grammar,
+    "grammar_bitmask": _grammar_bitmask,
+}
+
+
+def install_backend() -> None:
+    """Make vLLM's structured-output manager use :class:`PortableGuidedBackend`."""
+    with _lock:
+        if _ORIGINALS:
+            return
+        for name, ours in _PATCHES.items():
+            _ORIGINALS[name] = getattr(StructuredOutputManager, name)
+            setattr(StructuredOutputManager, name, ours)
+    logger.info("portable_guided will serve structured outputs with its grammar runtime "
+                "(pid %d)", os.getpid())
+
+
+def uninstall_backend() -> None:
+    """Restore vLLM's structured-output manager (managers already built keep their backend)."""
+    with _lock:
+        for name, original in _ORIGINALS.items():
+            setattr(StructuredOutputManager, name, original)
+        _ORIGINALS.clear()
