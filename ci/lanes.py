@@ -25,7 +25,7 @@ PLATFORMS_DIR = REPO_ROOT / "platforms"
 # Allowed keys per table; anything else is a typo we want to hear about.
 _SCHEMA: dict[str, set[str]] = {
     "": {"name", "summary", "needs_hardware", "install", "env", "tests", "probe", "github"},
-    "install": {"constraints", "steps", "extras", "disk_gb", "one_wheel_at_a_time"},
+    "install": {"constraints", "steps", "extras", "disk_gb", "one_wheel_at_a_time", "uninstall"},
     "tests": {"paths", "markers", "keywords", "timeout_minutes"},
     "probe": {"any_path", "any_command", "hint"},
     "github": {"runs_on"},
@@ -57,6 +57,7 @@ class Lane:
     probe_hint: str = ""
     disk_gb: float = 0.0
     one_wheel_at_a_time: bool = False
+    uninstall: tuple[str, ...] = ()
     source: Path = field(default=Path(), compare=False)
 
     @property
@@ -138,6 +139,7 @@ def load_lane(path: Path) -> Lane:
         probe_hint=str(probe.get("hint", "")),
         disk_gb=float(disk_gb),
         one_wheel_at_a_time=one_wheel,
+        uninstall=_str_list(install.get("uninstall", []), f"{path.name}: install.uninstall"),
         source=path,
     )
 

