@@ -184,6 +184,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
+    load_start = os.getloadavg()[0]
     impls = implementations(args.device)
     if args.impls:
         impls = {k: v for k, v in impls.items() if k in args.impls.split(",")}
@@ -231,6 +232,8 @@ def main() -> None:
         "numpy": np.__version__,
         "xgrammar": version("xgrammar"),
         "unit": "milliseconds, median",
+        # Other processes on shared cores change thread-pool timings several fold.
+        "load_avg_start_end": [load_start, os.getloadavg()[0]],
     }
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

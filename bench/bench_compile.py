@@ -33,6 +33,7 @@ from portable_guided.runtime import (  # noqa: E402
     GrammarTimeout,
     load_tokenizer_info,
 )
+from portable_guided.runtime import compile_service  # noqa: E402
 from portable_guided.runtime.engines import ENGINES  # noqa: E402
 from portable_guided.runtime.maskbench import load_records, machine_note  # noqa: E402
 from portable_guided.runtime.worker import WorkerPool  # noqa: E402
@@ -67,9 +68,13 @@ def main() -> None:
     raw = WorkerPool(lambda: {engine: (ENGINES[engine][0], ENGINES[engine][1],
                                        info.worker_payload(engine))}, size=1)
     now = GrammarRuntime(info, engine, compile_timeout_s=args.timeout, failure_ttl_s=0)
-    before = GrammarRuntime(info, engine, compile_timeout_s=args.timeout, failure_ttl_s=0,
-                            local_recompile_below_s=0.1)
-    before._service._in_process = frozenset()  # the pre-issue-12 path: every engine in a worker
+    # The pre-issue-12 path: every engine compiles in a worker.
+    in_process, compile_service.IN_PROCESS_ENGINES = compile_service.IN_PROCESS_ENGINES, frozenset()
+    try:
+        before = GrammarRuntime(info, engine, compile_timeout_s=args.timeout, failure_ttl_s=0,
+                                local_recompile_below_s=0.1)
+    finally:
+        compile_service.IN_PROCESS_ENGINES = in_process
 
     def run_raw(spec: GrammarSpec) -> float:
         status, text, seconds = raw.run(engine, spec.to_dict(), args.timeout)

@@ -140,11 +140,17 @@ def test_large_vocab_matches_reference(framework, platform, kind):
 
 @pytest.mark.parametrize("framework,platform", IMPLEMENTATIONS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_large_batch_matches_reference(framework, platform, dtype):
+@pytest.mark.parametrize("threads", [None, "1", "2"])
+def test_large_batch_matches_reference(framework, platform, dtype, threads, monkeypatch):
     """Work above the kernel's parallel threshold (Torch's intra-op pool for Torch logits,
-    the kernel's threads otherwise), with rows in several runs through ``indices``."""
+    the kernel's threads otherwise, or ``PORTABLE_GUIDED_CPU_THREADS`` NumPy threads), with
+    rows in several runs through ``indices``."""
     if dtype not in DTYPES[framework]:
         pytest.skip(f"{framework} has no {dtype}")
+    if threads is None:
+        monkeypatch.delenv("PORTABLE_GUIDED_CPU_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("PORTABLE_GUIDED_CPU_THREADS", threads)
     rng = np.random.default_rng(11)
     batch, width = 40, 129_280
     words = -(-width // 32)

@@ -18,7 +18,10 @@ right after a framework op (the lm_head matmul), whose OpenMP threads keep spinn
 after it returns. For Torch logits, a large -inf fill therefore runs as a Torch ``fill_`` on
 those same threads (Torch's intra-op pool), and dense rows are merged on the calling thread:
 two NumPy threads next to spinning OpenMP threads were slower than one. NumPy and Paddle logits
-use the kernel's own thread pool for work of at least ``PARALLEL_MIN_BYTES``.
+use the kernel's own thread pool for work of at least ``PARALLEL_MIN_BYTES``. Setting
+``PORTABLE_GUIDED_CPU_THREADS`` (e.g. to 1 on a machine whose cores other processes share:
+there Torch's pool waits for descheduled threads and one thread was 3-8x faster) uses that
+many NumPy threads for every framework instead.
 """
 
 from __future__ import annotations
@@ -89,7 +92,8 @@ def _split_rows(start: int, stop: int, pieces: int) -> list[tuple[int, int]]:
 def apply_host(logits: Any, bitmask: Any, plan: MaskPlan) -> Any:
     """Mask host logits in place (Torch, Paddle or NumPy); returns ``logits``."""
     bits = host_bits(logits)
-    tensor = logits.view(plan.batch, plan.width) if plan.framework == "torch" else None
+    torch_pool = plan.framework == "torch" and not os.environ.get(THREADS_ENV_VAR)
+    tensor = logits.view(plan.batch, plan.width) if torch_pool else None
     apply_host_arrays(bits.reshape(plan.batch, plan.width), host_int32(bitmask), plan, tensor)
     return logits
 
