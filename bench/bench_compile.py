@@ -26,17 +26,17 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from portable_guided.runtime import (  # noqa: E402
+from portable_guided.runtime import (
     GrammarCompileError,
     GrammarRuntime,
     GrammarSpec,
     GrammarTimeout,
+    compile_service,
     load_tokenizer_info,
 )
-from portable_guided.runtime import compile_service  # noqa: E402
-from portable_guided.runtime.engines import ENGINES  # noqa: E402
-from portable_guided.runtime.maskbench import load_records, machine_note  # noqa: E402
-from portable_guided.runtime.worker import WorkerPool  # noqa: E402
+from portable_guided.runtime.engines import ENGINES
+from portable_guided.runtime.maskbench import load_records, machine_note
+from portable_guided.runtime.worker import WorkerPool
 
 DATA = "/work/shared/data/maskbench"
 PATHOLOGICAL = {"type": "object", "properties": {

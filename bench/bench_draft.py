@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from portable_guided.decode.draft import NgramDraft  # noqa: E402
+from portable_guided.decode.draft import NgramDraft
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
