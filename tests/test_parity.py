@@ -162,3 +162,22 @@ def test_large_batch_matches_reference(framework, platform, dtype, threads, monk
     before = to_f32(logits)
     pg.apply_token_mask(logits, make(bitmask, framework), indices=indices, platform=platform)
     np.testing.assert_array_equal(to_f32(logits), reference(before, bitmask, indices=indices))
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_inference_mode_logits(dtype, monkeypatch):
+    """Logits made under ``torch.inference_mode()`` (as engines make them) are masked in place
+    outside it too, above the size where the fill runs as a Torch op."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.delenv("PORTABLE_GUIDED_CPU_THREADS", raising=False)
+    rng = np.random.default_rng(5)
+    batch, width = 40, 129_280
+    bitmask = _bitmask(rng, "mixed", batch, -(-width // 32))
+    bitmask[:20] = _bitmask(rng, "sparse", 20, bitmask.shape[1])
+    values = rng.standard_normal((batch, width)).astype(np.float32)
+    with torch.inference_mode():
+        logits = make(values, "torch", dtype)
+    before = to_f32(logits)
+    pg.apply_token_mask(logits, torch.from_numpy(bitmask))
+    np.testing.assert_array_equal(to_f32(logits), reference(before, bitmask))

@@ -91,10 +91,15 @@ def _split_rows(start: int, stop: int, pieces: int) -> list[tuple[int, int]]:
 
 def apply_host(logits: Any, bitmask: Any, plan: MaskPlan) -> Any:
     """Mask host logits in place (Torch, Paddle or NumPy); returns ``logits``."""
-    bits = host_bits(logits)
-    torch_pool = plan.framework == "torch" and not os.environ.get(THREADS_ENV_VAR)
-    tensor = logits.view(plan.batch, plan.width) if torch_pool else None
-    apply_host_arrays(bits.reshape(plan.batch, plan.width), host_int32(bitmask), plan, tensor)
+    bits = host_bits(logits).reshape(plan.batch, plan.width)
+    tensor = None
+    if plan.framework == "torch" and not os.environ.get(THREADS_ENV_VAR):
+        import torch
+
+        # A fresh tensor over the bits (signed, as Torch fills those): in-place ops on it are
+        # allowed even when ``logits`` is an inference-mode tensor, like the NumPy writes.
+        tensor = torch.from_numpy(bits.view(np.int32 if bits.itemsize == 4 else np.int16))
+    apply_host_arrays(bits, host_int32(bitmask), plan, tensor)
     return logits
 
 
@@ -103,8 +108,9 @@ def apply_host_arrays(
 ) -> None:
     """Mask ``bits`` (2-D unsigned view of the logits) in place from an int32 bitmask.
 
-    ``tensor``: the same memory as a 2-D ``torch.Tensor``, or ``None``; given, the thread
-    policy for Torch logits applies (module docstring).
+    ``tensor``: the same memory as a 2-D signed-integer ``torch.Tensor`` (int32 or int16, like
+    ``bits``), or ``None``; given, the thread policy for Torch logits applies (module
+    docstring).
     """
     vocab = plan.vocab_size
     words = -(-vocab // 32)
@@ -198,8 +204,9 @@ def _apply_sparse(
     runs = _row_runs(np.sort(rows))
     nbytes = rows.size * vocab * bits.itemsize
     if tensor is not None and nbytes >= PARALLEL_MIN_BYTES:
+        signed = int(np.array(neg, dtype=bits.dtype).view(tensor.numpy().dtype))
         for start, stop in runs:  # in Torch's intra-op pool (module docstring)
-            tensor[start:stop, :vocab].fill_(float("-inf"))
+            tensor[start:stop, :vocab].fill_(signed)
     else:
         pieces = [piece for start, stop in runs for piece in _split_rows(start, stop, _threads())]
 
