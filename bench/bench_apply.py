@@ -9,8 +9,18 @@ is larger than the CPU cache; each cell reports the median of its repetitions.
 CUDA (``--device cuda``): our CUDA path vs xgrammar's ``triton`` and ``cuda`` backends and the
 same read+write bound, timed with CUDA events.
 
+``--position after-matmul`` (CPU) times each call right after a real lm_head matmul
+(``hidden @ W.T`` with W of shape vocab x ``--hidden``, written into the logits about to be
+masked), where a real engine calls the kernel: Torch's OpenMP threads are still spinning and
+part of the logits is still in cache. Implementations take turns call by call (one matmul
+before every call), so all of them see the same machine load; ``ours-own-threads`` is our
+kernel with the thread policy of NumPy logits (the kernel's own thread pool) for comparison
+with the Torch policy (module docstring of ``portable_guided/kernels/host.py``).
+
     python bench/bench_apply.py --json bench/results/apply_cpu.json
     python bench/bench_apply.py --quick            # a smaller grid
+    python bench/bench_apply.py --position after-matmul --batches 64 --masks json,half \
+        --json bench/results/apply_cpu_after_matmul.json
 """
 
 from __future__ import annotations
@@ -34,12 +44,20 @@ import portable_guided as pg  # noqa: E402
 
 CACHE_BYTES = 128 * 2**20  # rotate through more logits memory than any L3 here
 JSON_ALLOWED = 40  # allowed tokens per row in a JSON-like mask
+STRING_BLOCKED = 0.03  # share of blocked tokens in a mask inside a JSON string
 
 
 def make_bitmask(kind: str, batch: int, vocab: int, rng: np.random.Generator) -> np.ndarray:
     words = -(-vocab // 32)
     if kind == "all-allowed":
         return np.full((batch, words), -1, np.int32)
+    if kind == "string":  # nearly all allowed: tokens with quotes or control bytes blocked
+        bitmask = np.full((batch, words), 0xFFFFFFFF, np.uint32)
+        for row in range(batch):
+            tokens = rng.choice(vocab, int(vocab * STRING_BLOCKED), replace=False)
+            bits = np.uint32(1) << (tokens % 32).astype(np.uint32)
+            np.bitwise_and.at(bitmask[row], tokens // 32, ~bits)
+        return bitmask.view(np.int32)
     if kind == "half":
         return rng.integers(-(2**31), 2**31, (batch, words), dtype=np.int64).astype(np.int32)
     bitmask = np.zeros((batch, words), np.uint32)
@@ -69,6 +87,7 @@ def implementations(device: str):
         "read+write": lambda logits, bitmask: logits.mul_(1.0),
     }
     if device == "cpu":
+        impls["ours-own-threads"] = own_threads
         impls["read+write-1t"] = read_write_one_thread
     if device == "cpu":
         impls["xgr-cpu"] = xgr_backend("cpu")
@@ -77,6 +96,38 @@ def implementations(device: str):
         impls["xgr-triton"] = xgr_backend("triton")
         impls["xgr-cuda"] = xgr_backend("cuda")
     return impls
+
+
+def own_threads(logits, bitmask):
+    """Our kernel with the thread policy for NumPy/Paddle logits (its own thread pool)."""
+    from portable_guided.dlpack import host_bits
+    from portable_guided.kernels.host import apply_host_arrays
+    from portable_guided.validation import plan_mask
+
+    plan = plan_mask(logits, bitmask)
+    bits = host_bits(logits).reshape(plan.batch, plan.width)
+    apply_host_arrays(bits, bitmask.numpy(), plan, tensor=None)
+
+
+def time_after_matmul(impls, buffers, host_mask, bitmask, hidden, reps):
+    """Median seconds per implementation, each call right after an lm_head matmul into the
+    logits it masks; implementations take turns call by call."""
+    batch, vocab = buffers[0].shape
+    dtype = buffers[0].dtype
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(vocab, hidden, generator=gen).to(dtype)
+    hidden_states = torch.randn(batch, hidden, generator=gen).to(dtype)
+    samples = {name: [] for name in impls}
+    for rep in range(reps + 1):  # the first round warms up
+        for name, fn in impls.items():
+            logits = buffers[(rep * len(impls) + len(samples[name])) % len(buffers)]
+            torch.matmul(hidden_states, weight.T, out=logits)
+            arg = host_mask if name.startswith("ours") else bitmask
+            t0 = time.perf_counter()
+            fn(logits, arg)
+            if rep:
+                samples[name].append(time.perf_counter() - t0)
+    return {name: (statistics.median(v), len(v)) for name, v in samples.items()}
 
 
 def time_cell(fn, buffers, bitmask, device, min_reps, budget_s):
@@ -120,6 +171,12 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.5, help="seconds per cell")
     parser.add_argument("--json", default=None, help="write results here")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--position", default="isolated", choices=["isolated", "after-matmul"],
+                        help="after-matmul: an lm_head matmul right before every call (CPU)")
+    parser.add_argument("--hidden", type=int, default=576,
+                        help="lm_head input size for --position after-matmul (SmolLM2: 576)")
+    parser.add_argument("--reps", type=int, default=15, help="calls per implementation and "
+                        "cell with --position after-matmul")
     args = parser.parse_args()
     if args.quick:
         args.batches, args.vocabs, args.dtypes = "1,64", "129280", "float32"
@@ -127,6 +184,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
+    load_start = os.getloadavg()[0]
     impls = implementations(args.device)
     if args.impls:
         impls = {k: v for k, v in impls.items() if k in args.impls.split(",")}
@@ -143,8 +201,17 @@ def main() -> None:
                     host_mask = torch.from_numpy(make_bitmask(mask, batch, vocab, rng))
                     bitmask = host_mask.to(args.device)
                     cell = {"batch": batch, "vocab": vocab, "dtype": dtype_name, "mask": mask}
+                    if args.position == "after-matmul":
+                        timed = time_after_matmul(impls, buffers, host_mask, bitmask,
+                                                  args.hidden, args.reps)
+                        for name, (median, reps) in timed.items():
+                            cell[name] = median * 1e3
+                            cell[f"{name}_reps"] = reps
+                        rows.append(cell)
+                        print(format_row(cell, impls), flush=True)
+                        continue
                     for name, fn in impls.items():
-                        arg = host_mask if name == "ours" else bitmask
+                        arg = host_mask if name.startswith("ours") else bitmask
                         median, reps = time_cell(fn, buffers, arg, args.device, args.min_reps,
                                                  args.budget)
                         cell[name] = median * 1e3
@@ -160,9 +227,13 @@ def main() -> None:
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "position": args.position,
+        "hidden": args.hidden if args.position == "after-matmul" else None,
         "numpy": np.__version__,
         "xgrammar": version("xgrammar"),
         "unit": "milliseconds, median",
+        # Other processes on shared cores change thread-pool timings several fold.
+        "load_avg_start_end": [load_start, os.getloadavg()[0]],
     }
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

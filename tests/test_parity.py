@@ -36,7 +36,8 @@ def cases(draw, framework: str):
     words = max(1, -(-width // 32) + draw(st.integers(-1, 1)))
     dtype = draw(st.sampled_from(DTYPES[framework]))
     bitmask_framework = draw(st.sampled_from(frameworks()))
-    kind = draw(st.sampled_from(["random", "sparse", "all-allowed", "all-masked", "mixed"]))
+    kind = draw(st.sampled_from(["random", "sparse", "nearly-full", "all-allowed", "all-masked",
+                                 "mixed"]))
     with_indices = not one_d and draw(st.booleans())
     bitmask_rows = batch if not with_indices else draw(st.integers(1, batch + 2))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -65,8 +66,15 @@ def _bitmask(rng, kind, rows, words):
     sparse = np.where(rng.random((rows, words)) < 0.05, random, 0).astype(np.int32)
     if kind == "sparse":
         return sparse
-    choice = rng.integers(0, 3, size=(rows, 1))  # per row: sparse, random or all-allowed
-    return np.where(choice == 0, sparse, np.where(choice == 1, random, -1)).astype(np.int32)
+    # A few blocked tokens (e.g. inside a JSON string): a word or two with one bit cleared.
+    one_bit = (np.int64(1) << rng.integers(0, 32, size=(rows, words))).astype(np.uint32)
+    nearly_full = np.where(rng.random((rows, words)) < 0.05, ~one_bit, 0xFFFFFFFF)
+    nearly_full = nearly_full.astype(np.uint32).view(np.int32)
+    if kind == "nearly-full":
+        return nearly_full
+    choice = rng.integers(0, 4, size=(rows, 1))  # per row: sparse, random, all-allowed, nearly full
+    return np.select([choice == 0, choice == 1, choice == 2], [sparse, random, -1],
+                     nearly_full).astype(np.int32)
 
 
 def _logits(case, framework):
@@ -115,7 +123,7 @@ def test_matches_reference(framework, platform, data):
 
 
 @pytest.mark.parametrize("framework,platform", IMPLEMENTATIONS)
-@pytest.mark.parametrize("kind", ["sparse", "random", "mixed"])
+@pytest.mark.parametrize("kind", ["sparse", "random", "nearly-full", "mixed"])
 def test_large_vocab_matches_reference(framework, platform, kind):
     """A real vocabulary width exercises the sparse and dense paths at scale."""
     rng = np.random.default_rng(7)
@@ -128,3 +136,48 @@ def test_large_vocab_matches_reference(framework, platform, kind):
     logits = make(values, framework)
     pg.apply_token_mask(logits, make(bitmask, framework), platform=platform)
     np.testing.assert_array_equal(to_f32(logits), reference(values, bitmask))
+
+
+@pytest.mark.parametrize("framework,platform", IMPLEMENTATIONS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("threads", [None, "1", "2"])
+def test_large_batch_matches_reference(framework, platform, dtype, threads, monkeypatch):
+    """Work above the kernel's parallel threshold (Torch's intra-op pool for Torch logits,
+    the kernel's threads otherwise, or ``PORTABLE_GUIDED_CPU_THREADS`` NumPy threads), with
+    rows in several runs through ``indices``."""
+    if dtype not in DTYPES[framework]:
+        pytest.skip(f"{framework} has no {dtype}")
+    if threads is None:
+        monkeypatch.delenv("PORTABLE_GUIDED_CPU_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("PORTABLE_GUIDED_CPU_THREADS", threads)
+    rng = np.random.default_rng(11)
+    batch, width = 40, 129_280
+    words = -(-width // 32)
+    bitmask = _bitmask(rng, "mixed", batch, words)
+    bitmask[:16] = _bitmask(rng, "sparse", 16, words)  # >= 4 MB of sparse rows
+    indices = [i for i in range(batch) if i % 7 != 3]  # several runs of rows
+    values = rng.standard_normal((batch, width)).astype(np.float32)
+    logits = make(values, framework, dtype)
+    before = to_f32(logits)
+    pg.apply_token_mask(logits, make(bitmask, framework), indices=indices, platform=platform)
+    np.testing.assert_array_equal(to_f32(logits), reference(before, bitmask, indices=indices))
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_inference_mode_logits(dtype, monkeypatch):
+    """Logits made under ``torch.inference_mode()`` (as engines make them) are masked in place
+    outside it too, above the size where the fill runs as a Torch op."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.delenv("PORTABLE_GUIDED_CPU_THREADS", raising=False)
+    rng = np.random.default_rng(5)
+    batch, width = 40, 129_280
+    bitmask = _bitmask(rng, "mixed", batch, -(-width // 32))
+    bitmask[:20] = _bitmask(rng, "sparse", 20, bitmask.shape[1])
+    values = rng.standard_normal((batch, width)).astype(np.float32)
+    with torch.inference_mode():
+        logits = make(values, "torch", dtype)
+    before = to_f32(logits)
+    pg.apply_token_mask(logits, torch.from_numpy(bitmask))
+    np.testing.assert_array_equal(to_f32(logits), reference(before, bitmask))

@@ -4,6 +4,10 @@ Structured output repeats itself (keys, brackets, quoted values copied from the 
 tokens that followed the last earlier occurrence of the current suffix are cheap, often-right
 guesses. No draft model is needed. Several earlier occurrences with different continuations
 make a draft *tree*: one verification forward then tries every branch.
+
+A decode loop keeps one :class:`NgramIndex` per sequence (``NgramDraft.index``) and extends it
+with each accepted token, so a proposal costs the same at 1k or 32k tokens of history;
+``NgramDraft.propose`` with a whole history scans it (the reference the index is tested against).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["DraftTree", "NgramDraft"]
+__all__ = ["DraftTree", "NgramDraft", "NgramIndex"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,12 @@ class NgramDraft:
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.min_n, self.max_n = min_n, max_n
 
+    def index(self, tokens: Sequence[int] = ()) -> NgramIndex:
+        """An incremental index over ``tokens`` (extend it with each accepted token) that
+        proposes exactly what :meth:`propose` and :meth:`propose_tree` would for the same
+        history, without scanning it."""
+        return NgramIndex(self.min_n, self.max_n, tokens)
+
     def _continuations(self, history: Sequence[int], k: int) -> Iterator[list[int]]:
         """Continuations of up to ``k`` tokens after earlier occurrences of the history's
         suffix: longest suffix first, then most recent occurrence first."""
@@ -99,28 +109,103 @@ class NgramDraft:
         """A tree of at most ``k`` draft tokens merging up to ``branches`` distinct
         continuations. Its first branch is :meth:`propose`'s chain, so a tree never accepts
         fewer tokens than the chain would."""
-        if branches < 1:
-            raise ValueError(f"branches must be >= 1, got {branches}")
-        tokens: list[int] = []
-        parents: list[int] = []
-        if k <= 0:
-            return DraftTree(tokens, parents)
-        children: dict[tuple[int, int], int] = {}  # (parent, token) -> node
-        seen: set[tuple[int, ...]] = set()
-        for cont in self._continuations(history, k):
-            if len(seen) == branches or len(tokens) == k:
-                break
-            if tuple(cont) in seen:
-                continue
-            seen.add(tuple(cont))
-            node = -1
-            for tok in cont:
-                nxt = children.get((node, tok))
-                if nxt is None:
-                    if len(tokens) == k:
-                        break
-                    nxt = children[(node, tok)] = len(tokens)
-                    tokens.append(tok)
-                    parents.append(node)
-                node = nxt
+        return _merge_tree(self._continuations(history, k), k, branches)
+
+
+def _merge_tree(continuations: Iterator[list[int]], k: int, branches: int) -> DraftTree:
+    """Merge the first ``branches`` distinct continuations into a trie of at most ``k`` nodes."""
+    if branches < 1:
+        raise ValueError(f"branches must be >= 1, got {branches}")
+    tokens: list[int] = []
+    parents: list[int] = []
+    if k <= 0:
         return DraftTree(tokens, parents)
+    children: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+    seen: set[tuple[int, ...]] = set()
+    for cont in continuations:
+        if len(seen) == branches or len(tokens) == k:
+            break
+        if tuple(cont) in seen:
+            continue
+        seen.add(tuple(cont))
+        node = -1
+        for tok in cont:
+            nxt = children.get((node, tok))
+            if nxt is None:
+                if len(tokens) == k:
+                    break
+                nxt = children[(node, tok)] = len(tokens)
+                tokens.append(tok)
+                parents.append(node)
+            node = nxt
+    return DraftTree(tokens, parents)
+
+
+class NgramIndex:
+    """The n-gram matches of one growing token sequence, kept up to date token by token.
+
+    For each ``n`` in ``[min_n, max_n]``, ``_last`` maps an n-gram to the start of its latest
+    occurrence and ``_prev[n]`` chains each occurrence to the previous one (hash chains, as
+    in LZ77), so the most recent earlier match of the suffix is one dictionary look-up and
+    :meth:`extend` costs O(max_n - min_n + 1) per token. Proposals equal
+    :meth:`NgramDraft.propose` / :meth:`NgramDraft.propose_tree` on the same tokens.
+
+    Example::
+
+        >>> index = NgramDraft(max_n=2).index([5, 6, 7, 8])
+        >>> index.extend([5, 6])
+        >>> index.propose(k=2)
+        [7, 8]
+    """
+
+    def __init__(self, min_n: int, max_n: int, tokens: Sequence[int] = ()) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        # Keys are n-gram tuples; tuples of different lengths never collide.
+        self._last: dict[tuple[int, ...], int] = {}
+        self._prev: dict[int, list[int]] = {n: [] for n in range(min_n, max_n + 1)}
+        self.extend(tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append accepted tokens."""
+        h, last = self.tokens, self._last
+        for tok in tokens:
+            h.append(int(tok))
+            end = len(h)
+            for n, prev in self._prev.items():
+                start = end - n
+                if start < 0:
+                    continue
+                key = tuple(h[start:end])
+                # prev[start] = the previous start of the same n-gram (-1: none)
+                prev.append(last.get(key, -1))
+                last[key] = start
+
+    def _continuations(self, k: int) -> Iterator[list[int]]:
+        """As :meth:`NgramDraft._continuations` on :attr:`tokens`, from the chains."""
+        h = self.tokens
+        size = len(h)
+        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
+            prev = self._prev[n]
+            # The suffix itself is the latest occurrence; its chain lists the earlier ones.
+            start = prev[size - n]
+            while start >= 0:
+                yield h[start + n:start + n + k]
+                start = prev[start]
+
+    def propose(self, k: int) -> list[int]:
+        """Up to ``k`` draft tokens to follow the tokens so far (possibly none)."""
+        if k <= 0:
+            return []
+        return next(self._continuations(k), [])
+
+    def propose_tree(self, k: int, branches: int) -> DraftTree:
+        """As :meth:`NgramDraft.propose_tree` on :attr:`tokens`. Scans occurrences only until
+        ``branches`` distinct continuations or ``k`` nodes are found, so its cost grows with the
+        number of repeated continuations, not with the history."""
+        return _merge_tree(self._continuations(k), k, branches)

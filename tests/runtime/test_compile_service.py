@@ -207,3 +207,25 @@ def test_worker_dies_with_its_parent(tmp_path):
     while not process_gone(worker_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert process_gone(worker_pid)
+
+
+def test_self_bounded_engine_compiles_in_process(deepseek):
+    """llguidance bounds its own work, so even with a time limit it needs no worker; its
+    masks equal those of a runtime without a limit."""
+    spec = GrammarSpec.json_schema({"type": "object", "properties": {"n": {"type": "integer"}},
+                                    "required": ["n"]})
+    with GrammarRuntime(deepseek, "llguidance", compile_timeout_s=5.0) as limited, \
+            GrammarRuntime(deepseek, "llguidance", compile_timeout_s=None) as free:
+        compiled = limited.compile(spec)
+        assert compiled.source == "local" and limited.worker_pids() == []
+        masks = []
+        for rt in (limited, free):
+            req = rt.new_request(spec).wait(60)
+            req.accept_tokens(deepseek.encode('{"n": 1'))
+            bm = rt.allocate_bitmask(1)
+            rt.fill_bitmask([req], bm)
+            masks.append(bm)
+        assert np.array_equal(*masks)
+    with GrammarRuntime(deepseek, "auto", compile_timeout_s=5.0) as rt:
+        # Only xgrammar, which does not bound its work, is loaded into the workers.
+        assert set(rt._service._worker_engines()) == {"xgrammar"}
