@@ -77,7 +77,7 @@ def _as_index_array(indices: Any) -> np.ndarray:
             f"indices must be a list of ints or an integer tensor, got {type(indices).__name__}"
         ) from None
     kind = dtype_name(indices, framework)
-    if not (kind.startswith("int") or kind.startswith("uint")):
+    if not kind.startswith(("int", "uint")):
         raise TypeError(f"indices must have an integer dtype, got {kind}")
     if len(indices.shape) != 1:
         raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")

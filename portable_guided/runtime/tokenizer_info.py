@@ -175,7 +175,7 @@ def llguidance_tokenizer_from_payload(payload: tuple[str, Any]) -> llguidance.LL
         return llg.LLTokenizer(text, n_vocab=n_vocab, eos_token=stops)
     if kind == "tiktoken":
         ranks, special, pattern, n_vocab, stops = data
-        return llg.LLTokenizer.from_tiktoken(  # type: ignore[attr-defined]
+        return llg.LLTokenizer.from_tiktoken(
             encoder=ranks, special_tokens=special, pattern=pattern,
             eos_token=stops, n_vocab=n_vocab,
         )

@@ -268,7 +268,7 @@ class WorkerPool:
                 if reply_id != job_id:
                     raise RuntimeError(f"worker replied to job {reply_id}, expected {job_id}")
                 self._idle.put(worker)
-                return reply  # type: ignore[no-any-return]
+                return reply
         except (EOFError, OSError, RuntimeError) as exc:
             self._retire(worker)
             raise GrammarCompileError(
