@@ -142,10 +142,12 @@ def plan_mask(
     covered = 32 * words
     if vocab_size is None:
         if covered < width:
+            # Word for word xgrammar's warning (0.2.8), so a user's warning filter written
+            # for xgrammar matches ours too.
             warnings.warn(
-                f"the bitmask covers {covered} tokens but the logits have {width} columns, so "
-                f"logits[..., {covered}:] stay unmasked; allocate the bitmask for the full "
-                "vocabulary or pass vocab_size",
+                f"The bitmask covers only {covered} tokens but logits have {width}, so "
+                f"logits[..., {covered}:] are left unmasked. Allocate the bitmask with the full "
+                "vocab size, or pass vocab_size explicitly.",
                 stacklevel=stacklevel + 1,
             )
         vocab_size = min(width, covered)
