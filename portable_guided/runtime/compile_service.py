@@ -4,6 +4,7 @@ byte-bounded memory cache, optional on-disk cache, failure cache, real time limi
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,6 +20,8 @@ from .tokenizer_info import TokenizerInfo
 from .worker import WorkerPool
 
 __all__ = ["RUNTIME_CACHE_VERSION", "CompileService", "CompiledGrammar"]
+
+log = logging.getLogger(__name__)
 
 #: Bumped whenever the meaning of a cached grammar changes (part of the disk cache key).
 RUNTIME_CACHE_VERSION = "1"
@@ -154,6 +157,7 @@ class CompileService:
         for i, name in enumerate(self.order):
             if i:
                 self.metrics.inc("engine_fallbacks")
+                log.info("%r: falling back to engine %s", spec, name)
             try:
                 result = self._compile_one(name, spec)
                 break
@@ -161,6 +165,8 @@ class CompileService:
                 errors.append(exc)
             except Exception as exc:  # noqa: BLE001 - an engine bug fails this spec, not the service
                 errors.append(GrammarCompileError(f"{type(exc).__name__}: {exc}", engine=name))
+            (log.warning if isinstance(errors[-1], GrammarTimeout) else log.info)(
+                "%r did not compile: %s", spec, errors[-1])
         with self._inflight_lock:
             self._inflight.pop(key, None)
             if result is not None:
