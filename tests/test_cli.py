@@ -47,8 +47,8 @@ def test_bench_maskbench_missing_file(tmp_path) -> None:
 
 @pytest.mark.parametrize(("args", "expected"), [
     (["generate", "--batch", "0"], "--batch and --max-tokens must be >= 1, got 0, 256"),
-    (["generate", "--schema", "/nonexistent/s.json"], "No such file or directory: "
-                                                      "/nonexistent/s.json"),
+    (["generate", "--schema", "/nonexistent/s.json"],
+     "No such file or directory: /nonexistent/s.json"),
     (["generate", "--choice", ","], "--choice needs at least one alternative, got ','"),
     (["bench", "maskbench", "x.jsonl", "--json", "o.json", "--limit", "0"],
      "--limit must be >= 1, got 0"),
