@@ -24,7 +24,7 @@ __all__ = ["RUNTIME_CACHE_VERSION", "CompileService", "CompiledGrammar"]
 log = logging.getLogger(__name__)
 
 #: Bumped whenever the meaning of a cached grammar changes (part of the disk cache key).
-RUNTIME_CACHE_VERSION = "1"
+RUNTIME_CACHE_VERSION = "2"  # 2: checksummed entries
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class CompileService:
         workers: int = 1,
         fill_threads: int = 1,
         cache_bytes: int = 512 << 20,
-        disk_cache_dir: str | None = None,
+        disk_cache_dir: str | DiskCache | None = None,
         failure_ttl_s: float = 30.0,
         local_below_s: float = 0.1,
         metrics: Metrics | None = None,
@@ -81,7 +81,8 @@ class CompileService:
         self._fill_threads = fill_threads
         self._memory: ByteLRUCache[CompiledGrammar] = ByteLRUCache(cache_bytes)
         self._failures = FailureCache(failure_ttl_s)
-        self._disk = DiskCache(disk_cache_dir) if disk_cache_dir else None
+        self._disk = (disk_cache_dir if isinstance(disk_cache_dir, DiskCache) or not disk_cache_dir
+                      else DiskCache(disk_cache_dir))
         self._engines: dict[str, Engine] = {}
         self._engine_lock = threading.Lock()
         self._inflight: dict[str, Future[CompiledGrammar]] = {}
@@ -183,21 +184,39 @@ class CompileService:
 
     def _compile_one(self, name: str, spec: GrammarSpec) -> CompiledGrammar:
         engine = self.engine(name)
-        disk_key = None
-        if self._disk is not None:
-            disk_key = DiskCache.make_key(
-                engine=name, engine_version=engine.version(), runtime=RUNTIME_CACHE_VERSION,
-                tokenizer=self.info.fingerprint, spec=spec.key,
-            )
-            text = self._disk.get(disk_key)
-            if text is not None:
-                try:
-                    grammar = engine.deserialize(text)
-                except Exception:  # noqa: BLE001, S110 - a corrupt entry: recompile, overwrite
-                    pass
-                else:
-                    self.metrics.inc("cache_hits_disk")
-                    return CompiledGrammar(engine, grammar, engine.nbytes(grammar), "disk", 0.0)
+        if self._disk is None:
+            return self._compile_new(engine, name, spec, None)
+        disk_key = DiskCache.make_key(
+            engine=name, engine_version=engine.version(), runtime=RUNTIME_CACHE_VERSION,
+            tokenizer=self.info.fingerprint, spec=spec.key,
+        )
+        hit = self._from_disk(engine, disk_key)
+        if hit is not None:
+            return hit
+        # A miss: one compile across the processes sharing the directory; the others wait
+        # (at most the time limit) and then load its entry.
+        with self._disk.single_flight(disk_key, self.timeout_s):
+            hit = self._from_disk(engine, disk_key)
+            return hit if hit is not None else self._compile_new(engine, name, spec, disk_key)
+
+    def _from_disk(self, engine: Engine, disk_key: str) -> CompiledGrammar | None:
+        assert self._disk is not None
+        text = self._disk.get(disk_key)
+        if text is None:
+            return None
+        try:
+            grammar = engine.deserialize(text)
+        except Exception as exc:  # noqa: BLE001 - a stale or broken entry: compile, overwrite
+            log.warning("disk cache entry %s could not be loaded by %s %s (%s: %s); "
+                        "compiling it again", disk_key[:16], engine.name, engine.version(),
+                        type(exc).__name__, str(exc)[:200])
+            self._disk.remove(disk_key)
+            return None
+        self.metrics.inc("cache_hits_disk")
+        return CompiledGrammar(engine, grammar, engine.nbytes(grammar), "disk", 0.0)
+
+    def _compile_new(self, engine: Engine, name: str, spec: GrammarSpec,
+                     disk_key: str | None) -> CompiledGrammar:
         t0 = time.perf_counter()
         if self._pool is None:
             try:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..specs import GrammarSpec
-from .base import Engine, Matcher, UnsupportedSpec
+from .base import Engine, Matcher, UnsupportedSpec, package_version
 
 __all__ = ["LLGuidanceEngine", "LLGuidanceMatcher", "bitmask_pointer"]
 
@@ -115,9 +115,7 @@ class LLGuidanceEngine(Engine):
 
     @staticmethod
     def version() -> str:
-        import llguidance
-
-        return str(llguidance.get_version() if hasattr(llguidance, "get_version") else "unknown")
+        return package_version("llguidance")
 
     @classmethod
     def from_payload(cls, payload: Any) -> LLGuidanceEngine:

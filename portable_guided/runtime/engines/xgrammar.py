@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..specs import GrammarSpec
-from .base import Engine, Matcher
+from .base import Engine, Matcher, package_version
 
 __all__ = ["XGrammarEngine", "XGrammarMatcher", "xgrammar_structural_tag"]
 
@@ -69,9 +69,7 @@ class XGrammarEngine(Engine):
 
     @staticmethod
     def version() -> str:
-        import xgrammar
-
-        return str(getattr(xgrammar, "__version__", "unknown"))
+        return package_version("xgrammar")
 
     @classmethod
     def from_payload(cls, payload: Any) -> XGrammarEngine:
