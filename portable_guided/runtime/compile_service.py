@@ -81,8 +81,9 @@ class CompileService:
         self._fill_threads = fill_threads
         self._memory: ByteLRUCache[CompiledGrammar] = ByteLRUCache(cache_bytes)
         self._failures = FailureCache(failure_ttl_s)
-        self._disk = (disk_cache_dir if isinstance(disk_cache_dir, DiskCache) or not disk_cache_dir
-                      else DiskCache(disk_cache_dir))
+        self._disk: DiskCache | None = (
+            disk_cache_dir if isinstance(disk_cache_dir, DiskCache)
+            else DiskCache(disk_cache_dir) if disk_cache_dir else None)
         self._engines: dict[str, Engine] = {}
         self._engine_lock = threading.Lock()
         self._inflight: dict[str, Future[CompiledGrammar]] = {}

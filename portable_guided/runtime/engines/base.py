@@ -20,7 +20,7 @@ from ..specs import GrammarSpec
 __all__ = ["Engine", "Matcher", "UnsupportedSpec", "package_version"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def package_version(distribution: str, module: str | None = None) -> str:
     """The installed version of ``distribution`` from its package metadata (part of the disk
     cache key; xgrammar 0.2.8 has no ``__version__``), else the module's ``__version__``."""
