@@ -127,9 +127,11 @@ class LLGuidanceEngine(Engine):
         """The llguidance grammar (JSON text) for ``spec``."""
         L = self._llg.LLMatcher
         kind, data = spec.kind, spec.payload
-        json_opts = {"whitespace_flexible": bool(spec.option("any_whitespace", True))}
+        # oneOf is read as anyOf, as xgrammar does (docs/runtime.md, JSON schema semantics).
+        json_opts = {"whitespace_flexible": bool(spec.option("any_whitespace", True)),
+                     "coerce_one_of": True}
         if kind == "json_schema":
-            return str(L.grammar_from_json_schema(spec.text, defaults=json_opts))
+            return str(L.grammar_from_json_schema(spec.engine_schema_text(), defaults=json_opts))
         if kind == "any_json":
             return str(L.grammar_from_json_schema('{"type":"object"}', defaults=json_opts))
         if kind == "regex":
