@@ -34,14 +34,25 @@ def main() -> int:
     t0 = time.perf_counter()
     done = [0]
 
+    partial: list[dict] = []
+
     def progress(row: dict) -> None:
         done[0] += 1
-        if done[0] % 100 == 0:
+        partial.append(row)
+        if done[0] % 100 == 0:  # a long run cut short keeps what it finished
             print(f"{done[0]}/{len(records)} {time.perf_counter() - t0:.0f} s", file=sys.stderr,
                   flush=True)
+            write(args.out, partial, args, time.perf_counter() - t0)
 
     rows = compare_engines(records, info, timeout_s=args.timeout, strict=args.strict,
                            progress=progress)
+    summary = write(args.out, rows, args, time.perf_counter() - t0)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def write(path: str, rows: list[dict], args: argparse.Namespace, wall_s: float) -> dict:
+    """Write the results of ``rows`` (all, or the ones done so far); returns the summary."""
     both = [r for r in rows if r["compiled"].get("xgrammar") and r["compiled"].get("llguidance")]
     diff = disagreements(rows)
     summary = {
@@ -53,17 +64,16 @@ def main() -> int:
         "schemas_disagreeing": len(diff),
         "instances_disagreeing": sum(len(d["tests"]) for d in diff),
         "disagreeing_by_file": dict(Counter(d["id"].split("---")[0] for d in diff)),
-        "wall_s": round(time.perf_counter() - t0, 1),
+        "wall_s": round(wall_s, 1),
     }
     out = {"summary": summary, "disagreements": diff,
            "config": {"files": args.files, "limit": args.limit, "timeout_s": args.timeout,
                       "strict": args.strict, "tokenizer": "deepseek"},
            "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()},
            "rows": rows}
-    with open(args.out, "w", encoding="utf-8") as fh:
+    with open(path, "w", encoding="utf-8") as fh:
         json.dump(out, fh, separators=(",", ":"))
-    print(json.dumps(summary, indent=1))
-    return 0
+    return summary
 
 
 if __name__ == "__main__":
