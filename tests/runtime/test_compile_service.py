@@ -26,7 +26,7 @@ from portable_guided.runtime.cache import ByteLRUCache, FailureCache
 def nested_any_of(depth: int) -> dict:
     """A schema whose xgrammar compile time grows about 3x every 2 levels (depth 8: ~30 s
     here, depth 12: minutes); llguidance rejects depth 12 as too large."""
-    s: dict = {"type": "string", "pattern": "[a-z]{1,5}"}
+    s: dict = {"type": "string", "pattern": "^[a-z]{1,5}$"}
     for i in range(depth):
         s = {"anyOf": [
             {"type": "object", "properties": {f"k{i}": s, "x": {"type": "integer", "minimum": i}},

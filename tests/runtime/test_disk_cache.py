@@ -118,7 +118,7 @@ _RACER = textwrap.dedent("""
 
 def _racing_schema() -> dict:
     # Slow enough for xgrammar (about 0.5 s here) that two unlocked processes both compile.
-    props = {f"p{i}": {"type": "string", "pattern": f"[a-z]{{{i % 5 + 1},{i % 7 + 8}}}[0-9]+"}
+    props = {f"p{i}": {"type": "string", "pattern": f"^[a-z]{{{i % 5 + 1},{i % 7 + 8}}}[0-9]+$"}
              for i in range(12)}
     return {"type": "object", "properties": props, "required": list(props)}
 
