@@ -108,6 +108,9 @@ def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterat
     # JSON Schema's (found by the MaskBench differential, pinned by a test each).
     if "pattern" in node and ("minLength" in node or "maxLength" in node):
         yield "pattern with minLength/maxLength: xgrammar drops the length bounds"
+    if "patternProperties" in node and node.get("additionalProperties") is not False:
+        yield ("patternProperties with additional properties allowed: xgrammar rejects "
+               "names that match no pattern")
     patterns = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
     if isinstance(node.get("patternProperties"), Mapping):
         patterns += list(node["patternProperties"])
