@@ -26,12 +26,13 @@ ENGINES = ("xgrammar", "llguidance")
 
 
 def compare_engines(records: Sequence[dict[str, Any]], info: TokenizerInfo, *,
-                    timeout_s: float = 10.0, strict: bool = False,
+                    timeout_s: float | None = 10.0, strict: bool = False,
                     progress: Callable[[dict[str, Any]], None] | None = None
                     ) -> list[dict[str, Any]]:
     """One row per schema: ``{"id", "compiled": {engine: bool}, "error": {engine: str},
     "tests": [[valid, xgrammar_accepts, llguidance_accepts], ...]}`` (tests only where both
-    compiled). llguidance compiles first: xgrammar is skipped where it fails (not both)."""
+    compiled). llguidance compiles first: xgrammar is skipped where it fails (not both).
+    ``timeout_s=None`` compiles in this process (no worker, no limit)."""
     rts = {e: GrammarRuntime(info, e, compile_timeout_s=timeout_s, fill_threads=1,
                              failure_ttl_s=0) for e in ENGINES}
     stop = info.stop_token_ids[0]
