@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import portable_guided as pg  # noqa: E402
+import portable_guided as pg
 
 CACHE_BYTES = 128 * 2**20  # rotate through more logits memory than any L3 here
 JSON_ALLOWED = 40  # allowed tokens per row in a JSON-like mask

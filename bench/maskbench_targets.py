@@ -241,15 +241,15 @@ def bench_decode_walk(info, steps: int = 400, repeats: int = 5) -> dict:
             bm = rt.allocate_bitmask(len(items))
             rows = range(len(items))
 
-            def one_by_one(reqs):
+            def one_by_one(reqs, bm=bm):
                 for i, r in enumerate(reqs):
                     r.fill(bm, i)
 
-            def engine_batch_api(reqs):
+            def engine_batch_api(reqs, bm=bm, rows=rows):
                 reqs[0]._engine.fill_batch([r._matcher for r in reqs], bm, rows)
 
             fills = {"one_by_one": one_by_one,
-                     "fill_bitmask": lambda reqs: rt.fill_bitmask(reqs, bm),
+                     "fill_bitmask": lambda reqs, bm=bm: rt.fill_bitmask(reqs, bm),
                      "engine_batch_api": engine_batch_api}
             totals: dict[str, list[float]] = {name: [] for name in fills}
             for _ in range(repeats):

@@ -116,7 +116,7 @@ class GuidedLogitsProcessor:
         elif length > self._prompt_len:
             rows = input_ids[:, self._prompt_len:].tolist()
             self._advance([tuple(int(t) for t in r) for r in rows])
-        assert self._bitmask is not None
+        assert self._bitmask is not None and self._requests is not None  # set by _start
         self.runtime.fill_bitmask(self._requests, self._bitmask)
         if all(r is None for r in self._requests):
             return scores

@@ -224,6 +224,8 @@ class PlatformRegistry:
         if self._plugins_loaded:
             return
         self._plugins_loaded = True
+        if self._entry_point_group is None:  # plugins disabled for this registry
+            return
         for entry in entry_points(group=self._entry_point_group):
             if entry.name in self._sources:
                 warnings.warn(

@@ -77,7 +77,7 @@ def _as_index_array(indices: Any) -> np.ndarray:
             f"indices must be a list of ints or an integer tensor, got {type(indices).__name__}"
         ) from None
     kind = dtype_name(indices, framework)
-    if not (kind.startswith("int") or kind.startswith("uint")):
+    if not kind.startswith(("int", "uint")):
         raise TypeError(f"indices must have an integer dtype, got {kind}")
     if len(indices.shape) != 1:
         raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
@@ -142,10 +142,12 @@ def plan_mask(
     covered = 32 * words
     if vocab_size is None:
         if covered < width:
+            # Word for word xgrammar's warning (0.2.8), so a user's warning filter written
+            # for xgrammar matches ours too.
             warnings.warn(
-                f"the bitmask covers {covered} tokens but the logits have {width} columns, so "
-                f"logits[..., {covered}:] stay unmasked; allocate the bitmask for the full "
-                "vocabulary or pass vocab_size",
+                f"The bitmask covers only {covered} tokens but logits have {width}, so "
+                f"logits[..., {covered}:] are left unmasked. Allocate the bitmask with the full "
+                "vocab size, or pass vocab_size explicitly.",
                 stacklevel=stacklevel + 1,
             )
         vocab_size = min(width, covered)

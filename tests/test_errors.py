@@ -76,10 +76,33 @@ def test_unknown_platform_from_environment(monkeypatch):
 
 def test_narrow_bitmask_warns_and_masks_only_covered_columns():
     logits = np.zeros((1, 40), np.float32)
-    with pytest.warns(UserWarning, match="covers 32 tokens but the logits have 40") as record:
+    with pytest.warns(UserWarning, match="covers only 32 tokens but logits have 40") as record:
         pg.apply_token_mask(logits, np.zeros((1, 1), np.int32))
     assert record[0].filename == __file__  # stacklevel points at the caller
     assert np.isinf(logits[0, :32]).all() and not np.isinf(logits[0, 32:]).any()
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_narrow_bitmask_warning_matches_xgrammar_word_for_word():
+    xgr = pytest.importorskip("xgrammar")
+    import torch
+
+    def message(apply) -> str:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            apply(torch.zeros((2, 70)), torch.zeros((2, 2), dtype=torch.int32))
+        (warning,) = [w for w in record if "bitmask" in str(w.message)]
+        assert warning.category is UserWarning
+        return str(warning.message)
+
+    theirs = message(xgr.apply_token_bitmask_inplace)
+    assert message(pg.apply_token_mask) == theirs
+    # A filter written for xgrammar's warning silences ours.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", message="The bitmask covers only", category=UserWarning)
+        pg.apply_token_mask(np.zeros((1, 40), np.float32), np.zeros((1, 1), np.int32))
 
 
 def test_exact_width_does_not_warn():

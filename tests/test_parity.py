@@ -50,9 +50,9 @@ def cases(draw, framework: str):
     covered = min(width, 32 * words)
     vocab_size = draw(st.one_of(st.none(), st.integers(0, covered)))
     column_offset = draw(st.integers(0, 3))  # > 0: logits are a column slice of a wider tensor
-    return dict(batch=batch, width=width, one_d=one_d, dtype=dtype, bitmask=bitmask,
-                bitmask_framework=bitmask_framework, indices=indices, vocab_size=vocab_size,
-                column_offset=column_offset, rng=rng)
+    return {"batch": batch, "width": width, "one_d": one_d, "dtype": dtype, "bitmask": bitmask,
+            "bitmask_framework": bitmask_framework, "indices": indices, "vocab_size": vocab_size,
+            "column_offset": column_offset, "rng": rng}
 
 
 def _bitmask(rng, kind, rows, words):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -50,14 +51,19 @@ def _run_maskbench(args: argparse.Namespace) -> int:
 
     modes = [f"runtime:{e.strip()}" for e in args.engine.split(",") if e.strip()]
     modes += [f"raw:{e.strip()}" for e in args.raw.split(",") if e.strip()]
+    from portable_guided.cli import UsageError
+
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
-        print(f"unknown engine(s) {bad}; known modes: {MODES}", file=sys.stderr)
-        return 2
+        raise UsageError(f"unknown engine(s) {bad}; known modes: {MODES}")
     if args.limit is not None and args.limit < 1:
-        print(f"--limit must be >= 1, got {args.limit}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--limit must be >= 1, got {args.limit}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout}")
     files = [f for f in args.files.split(",") if f]
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing or not files:
+        raise UsageError(f"MaskBench file(s) not found: {missing or args.files!r}")
     records = load_records(files, args.limit)
     info = load_tokenizer_info(args.tokenizer)
     results: dict[str, Any] = {}

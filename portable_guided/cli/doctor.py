@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _package_versions() -> dict[str, str | None]:
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in _PACKAGES:
         try:
             versions[name] = version(name)
@@ -152,7 +152,7 @@ def run_checks(batch: int = 16, vocab: int = 32_000, seed: int = 0) -> list[Chec
             results.append(Check(framework, device, forced, resolution.platform.name,
                                  resolution.strategy, resolution.kernel_name, ok, detail,
                                  statistics.median(samples[1:]) * 1e3))
-        except Exception as exc:  # report, keep checking the others
+        except Exception as exc:  # noqa: BLE001 - report, keep checking the others
             results.append(Check(framework, device, forced, "-", "-", "-", False,
                                  f"{type(exc).__name__}: {exc}", None))
     return results

@@ -135,11 +135,13 @@ def validate(kind: str, target: Any, text: str, ids: list[int], runtime: Any, sp
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``portable-guided generate``."""
+    from portable_guided.cli import UsageError
+
     if args.batch < 1 or args.max_tokens < 1:
-        raise SystemExit(f"--batch and --max-tokens must be >= 1, got {args.batch}, "
+        raise UsageError(f"--batch and --max-tokens must be >= 1, got {args.batch}, "
                          f"{args.max_tokens}")
     if args.speculative < 0 or args.draft_branches < 1:
-        raise SystemExit(f"--speculative must be >= 0 and --draft-branches >= 1, got "
+        raise UsageError(f"--speculative must be >= 0 and --draft-branches >= 1, got "
                          f"{args.speculative}, {args.draft_branches}")
     from portable_guided.decode.device import SamplingParams
     from portable_guided.decode.engine import GenerationRequest, Generator

@@ -53,7 +53,8 @@ class DraftTree:
         ``i`` = node ``i + 1``; -1 for none): the layout of
         :meth:`portable_guided.runtime.Request.fill_draft_tree`."""
         n = len(self.tokens) + 1
-        first_child, next_sibling, last_child = [-1] * n, [-1] * n, {}
+        first_child, next_sibling = [-1] * n, [-1] * n
+        last_child: dict[int, int] = {}
         for i, p in enumerate(self.parents):
             node, parent = i + 1, p + 1
             if first_child[parent] == -1:

@@ -249,7 +249,7 @@ class Generator:
         seqs, tokens = inflight.seqs, inflight.tokens
         slots = [s.slot for s in seqs]  # read before the worker frees finished ones
 
-        def grammar(host: np.ndarray) -> tuple[list[int], np.ndarray]:
+        def grammar(host: np.ndarray) -> tuple[list[int], np.ndarray | None]:
             alive = [i for i, s in enumerate(seqs) if not self._accept(s, int(host[i]))]
             return alive, self._fill(seqs, alive)
 

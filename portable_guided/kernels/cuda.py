@@ -42,8 +42,9 @@ class PinnedStaging:
 
     def _to_device(self, host: np.ndarray, device: torch.device) -> torch.Tensor:
         turn, self._turn = self._turn, self._turn ^ 1
-        if self._events[turn] is not None:
-            self._events[turn].synchronize()
+        event = self._events[turn]
+        if event is not None:
+            event.synchronize()
         buffer = self._buffers[turn]
         if buffer is None or buffer.numel() < host.size:
             buffer = torch.empty(max(host.size, 1024), dtype=torch.int32, pin_memory=True)

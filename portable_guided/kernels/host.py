@@ -80,6 +80,7 @@ def _run_split(work: Callable[[Any], None], parts: Sequence[Any], nbytes: int) -
             _pool = ThreadPoolExecutor(threads, thread_name_prefix="portable-guided-cpu")
             _pool_size = threads
         pool = _pool
+    assert pool is not None  # for mypy: created above
     for _ in pool.map(work, parts):  # consume: re-raises a worker's exception
         pass
 

@@ -15,10 +15,12 @@ Nothing heavy is imported here; import the runner module for the framework you u
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["load_runner"]
 
 
-def load_runner(framework: str = "torch", *, device: str | None = None):
+def load_runner(framework: str = "torch", *, device: str | None = None) -> Any:
     """Build the runner for ``framework`` ("torch" or "paddle") on ``device`` (default: best).
 
     Example::

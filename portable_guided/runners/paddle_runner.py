@@ -323,6 +323,7 @@ class PaddleRunner(SlotLengths):
         """See :meth:`Runner.to_host`: on GPU a side-stream copy to pinned memory + event."""
         if not self._gpu:
             return Ready(tokens.numpy())
+        assert self._side is not None  # created when self._gpu
         self._side.wait_stream(paddle.device.current_stream())
         with paddle.device.stream_guard(self._side):
             host = tokens._copy_to(paddle.CUDAPinnedPlace(), False)

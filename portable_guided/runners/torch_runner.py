@@ -336,6 +336,7 @@ class TorchRunner(SlotLengths):
         """See :meth:`Runner.to_host`: side-stream copy into pinned memory plus an event."""
         if not self._cuda:
             return Ready(tokens.numpy())
+        assert self._side is not None  # created when self._cuda
         self._side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._side):
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)

@@ -18,6 +18,7 @@ from .errors import (
     GrammarTimeout,
 )
 from .metrics import Metrics
+from .prometheus import RuntimeCollector, register_prometheus
 from .request import ON_ERROR_POLICIES, ReasoningConfig, Request
 from .runtime import GrammarRuntime
 from .specs import GrammarSpec
@@ -36,7 +37,9 @@ __all__ = [
     "Metrics",
     "ReasoningConfig",
     "Request",
+    "RuntimeCollector",
     "TokenizerInfo",
     "load_tiktoken_ranks",
     "load_tokenizer_info",
+    "register_prometheus",
 ]

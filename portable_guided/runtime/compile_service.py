@@ -4,6 +4,7 @@ byte-bounded memory cache, optional on-disk cache, failure cache, real time limi
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,8 +21,10 @@ from .worker import WorkerPool
 
 __all__ = ["RUNTIME_CACHE_VERSION", "CompileService", "CompiledGrammar"]
 
+log = logging.getLogger(__name__)
+
 #: Bumped whenever the meaning of a cached grammar changes (part of the disk cache key).
-RUNTIME_CACHE_VERSION = "1"
+RUNTIME_CACHE_VERSION = "2"  # 2: checksummed entries
 
 #: Engines that bound their own compile work, so they compile in this process even with a
 #: time limit: llguidance builds its lexer lazily under its parser limits (lexer fuel, grammar
@@ -72,7 +75,7 @@ class CompileService:
         workers: int = 1,
         fill_threads: int = 1,
         cache_bytes: int = 512 << 20,
-        disk_cache_dir: str | None = None,
+        disk_cache_dir: str | DiskCache | None = None,
         failure_ttl_s: float = 30.0,
         local_below_s: float = LOCAL_BELOW_S,
         metrics: Metrics | None = None,
@@ -92,7 +95,9 @@ class CompileService:
         self._fill_threads = fill_threads
         self._memory: ByteLRUCache[CompiledGrammar] = ByteLRUCache(cache_bytes)
         self._failures = FailureCache(failure_ttl_s)
-        self._disk = DiskCache(disk_cache_dir) if disk_cache_dir else None
+        self._disk: DiskCache | None = (
+            disk_cache_dir if isinstance(disk_cache_dir, DiskCache)
+            else DiskCache(disk_cache_dir) if disk_cache_dir else None)
         self._engines: dict[str, Engine] = {}
         self._engine_lock = threading.Lock()
         self._inflight: dict[str, Future[CompiledGrammar]] = {}
@@ -169,6 +174,7 @@ class CompileService:
         for i, name in enumerate(self.order):
             if i:
                 self.metrics.inc("engine_fallbacks")
+                log.info("%r: falling back to engine %s", spec, name)
             try:
                 result = self._compile_one(name, spec)
                 break
@@ -176,6 +182,8 @@ class CompileService:
                 errors.append(exc)
             except Exception as exc:  # noqa: BLE001 - an engine bug fails this spec, not the service
                 errors.append(GrammarCompileError(f"{type(exc).__name__}: {exc}", engine=name))
+            (log.warning if isinstance(errors[-1], GrammarTimeout) else log.info)(
+                "%r did not compile: %s", spec, errors[-1])
         with self._inflight_lock:
             self._inflight.pop(key, None)
             if result is not None:
@@ -192,21 +200,39 @@ class CompileService:
 
     def _compile_one(self, name: str, spec: GrammarSpec) -> CompiledGrammar:
         engine = self.engine(name)
-        disk_key = None
-        if self._disk is not None:
-            disk_key = DiskCache.make_key(
-                engine=name, engine_version=engine.version(), runtime=RUNTIME_CACHE_VERSION,
-                tokenizer=self.info.fingerprint, spec=spec.key,
-            )
-            text = self._disk.get(disk_key)
-            if text is not None:
-                try:
-                    grammar = engine.deserialize(text)
-                except Exception:  # noqa: BLE001, S110 - a corrupt entry: recompile, overwrite
-                    pass
-                else:
-                    self.metrics.inc("cache_hits_disk")
-                    return CompiledGrammar(engine, grammar, engine.nbytes(grammar), "disk", 0.0)
+        if self._disk is None:
+            return self._compile_new(engine, name, spec, None)
+        disk_key = DiskCache.make_key(
+            engine=name, engine_version=engine.version(), runtime=RUNTIME_CACHE_VERSION,
+            tokenizer=self.info.fingerprint, spec=spec.key,
+        )
+        hit = self._from_disk(engine, disk_key)
+        if hit is not None:
+            return hit
+        # A miss: one compile across the processes sharing the directory; the others wait
+        # (at most the time limit) and then load its entry.
+        with self._disk.single_flight(disk_key, self.timeout_s):
+            hit = self._from_disk(engine, disk_key)
+            return hit if hit is not None else self._compile_new(engine, name, spec, disk_key)
+
+    def _from_disk(self, engine: Engine, disk_key: str) -> CompiledGrammar | None:
+        assert self._disk is not None
+        text = self._disk.get(disk_key)
+        if text is None:
+            return None
+        try:
+            grammar = engine.deserialize(text)
+        except Exception as exc:  # noqa: BLE001 - a stale or broken entry: compile, overwrite
+            log.warning("disk cache entry %s could not be loaded by %s %s (%s: %s); "
+                        "compiling it again", disk_key[:16], engine.name, engine.version(),
+                        type(exc).__name__, str(exc)[:200])
+            self._disk.remove(disk_key)
+            return None
+        self.metrics.inc("cache_hits_disk")
+        return CompiledGrammar(engine, grammar, engine.nbytes(grammar), "disk", 0.0)
+
+    def _compile_new(self, engine: Engine, name: str, spec: GrammarSpec,
+                     disk_key: str | None) -> CompiledGrammar:
         t0 = time.perf_counter()
         if self._pool is None or name in self._in_process:
             try:

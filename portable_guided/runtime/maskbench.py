@@ -14,7 +14,7 @@ import json
 import platform
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -113,6 +113,9 @@ class _Walker:
         """True if every token and then the stop token were allowed and accepted."""
         stop = self.info.stop_token_ids[0]
         perf = time.perf_counter
+        # Each branch binds the mode's own fill and accept (different signatures).
+        fill: Callable[..., Any]
+        accept: Callable[[int], Any]
         if self.rt is not None:
             req = self.rt.new_request(spec, on_error="reject")
             fill, accept = req.fill, req.accept
@@ -123,13 +126,15 @@ class _Walker:
             lm = self._llg.LLMatcher(self._ltok, compiled, log_level=0)
             np_fill = self._llg_np.fill_next_token_bitmask
 
-            def fill(bitmask: np.ndarray, row: int = 0) -> None:
+            def llg_fill(bitmask: np.ndarray, row: int = 0) -> None:
                 np_fill(lm, bitmask, row)
 
-            def accept(t: int) -> bool:
+            def llg_accept(t: int) -> bool:
                 if t == stop:
                     return bool(lm.is_accepting())
                 return bool(lm.consume_token(t))
+
+            fill, accept = llg_fill, llg_accept
         for t in [*ids, stop]:
             t0 = perf()
             fill(bm, 0)
@@ -225,8 +230,8 @@ def summary_table(modes: dict[str, dict[str, Any]]) -> str:
     """Markdown table of mode summaries: coverage counts, compile and mask time percentiles."""
     counts = ("compiled", "compile_errors", "timeouts", "passing", "valid_ok", "invalid_ok")
     lines = [
-        "| mode | schemas | compiled | compile err | timeouts | passing | valid ok | invalid ok "
-        "| compile ms p50 / p90 / p99 | mask us p50 / p99 / mean | masks |",
+        ("| mode | schemas | compiled | compile err | timeouts | passing | valid ok | invalid ok "
+         "| compile ms p50 / p90 / p99 | mask us p50 / p99 / mean | masks |"),
         "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
     ]
     for mode, s in modes.items():

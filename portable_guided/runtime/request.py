@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from .runtime import GrammarRuntime
 
 __all__ = ["ON_ERROR_POLICIES", "ReasoningConfig", "Request"]
+
+log = logging.getLogger(__name__)
 
 #: What a rejected token does. ``raise`` (default, fails closed): the request fails with
 #: :class:`GrammarRejectedToken`, its row then allows only stop tokens, the rest of the batch
@@ -228,6 +231,7 @@ class Request:
         self.num_rejected += 1
         self._rt.metrics_sink.inc("tokens_rejected")
         error = GrammarRejectedToken(token, len(self._log), self._reject_detail(token))
+        log.info("grammar rejected a token (on_error=%s): %s", self.on_error, error)
         if self.on_error == "raise":
             self._fail(error)
             raise error

@@ -189,7 +189,7 @@ class GrammarRuntime:
         # few hundred us); cheap steps are filled in this thread. Each request's last mask
         # time predicts its next one.
         threaded = self.fill_threads > 1 and len(live) > 1 and sum(
-            requests[i]._fill_cost or self._row_cost for i in live  # type: ignore[union-attr]
+            requests[i]._fill_cost or self._row_cost for i in live  # type: ignore[union-attr,misc]
         ) >= self.parallel_fill_min_s
         # Our pool times each row (so the next batch starts with the costliest) but pays a GIL
         # handoff per row; below ~30 us a row, the engine's own batch call is faster.
@@ -217,13 +217,13 @@ class GrammarRuntime:
                     t_row = perf()
                     matcher.fill(bm, row_list[i])
                     req._fill_cost = perf() - t_row  # type: ignore[union-attr]
-                elif pool_rows and engine.fill_releases_gil:
+                elif pool_rows and engine.fill_releases_gil:  # type: ignore[union-attr]
                     pooled.append((req, matcher, row_list[i]))  # type: ignore[arg-type]
                 else:
                     group = groups.get(id(engine))
                     if group is None:
                         group = groups[id(engine)] = (engine, [])  # type: ignore[assignment]
-                    group[1].append((req, matcher, row_list[i]))  # type: ignore[arg-type]
+                    group[1].append((req, matcher, row_list[i]))  # type: ignore[arg-type,index]
             # Longest first: an expensive mask started last leaves the other threads idle.
             if pooled:
                 pooled.sort(key=_by_cost, reverse=True)

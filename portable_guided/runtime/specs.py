@@ -84,9 +84,15 @@ class GrammarSpec:
         schema: Mapping[str, Any] | bool | str,
         *,
         any_whitespace: bool = True,
+        strict: bool = False,
         validate: bool = True,
     ) -> GrammarSpec:
         """A JSON value that validates against ``schema`` (dict, bool or JSON text).
+
+        The language is the same on every engine (``docs/runtime.md``, "JSON schema
+        semantics"): JSON Schema's, so undeclared properties are allowed unless the schema
+        forbids them; ``strict=True`` forbids them in every object schema that does not say
+        (``additionalProperties: false`` added before any engine sees the schema).
 
         The schema is checked against its draft's meta-schema (with ``jsonschema`` when it
         is installed); a remote ``$ref`` is rejected, never fetched. Errors raise
@@ -110,8 +116,19 @@ class GrammarSpec:
                 _validate_meta(schema, "")
             else:
                 deferred = True
-        return cls("json_schema", text, (("any_whitespace", bool(any_whitespace)),),
-                   deferred_check=deferred)
+        return cls("json_schema", text, (("any_whitespace", bool(any_whitespace)),
+                                         ("strict", bool(strict))), deferred_check=deferred)
+
+    def engine_schema_text(self) -> str:
+        """The JSON schema text every engine compiles for this ``json_schema`` spec (the
+        strict variant applied)."""
+        if self.kind != "json_schema":
+            raise ValueError(f"engine_schema_text needs a json_schema spec, got {self.kind!r}")
+        if not self.option("strict", False):
+            return self.text
+        from .json_semantics import strict_schema
+
+        return json.dumps(strict_schema(self.payload), ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def any_json(cls, *, any_whitespace: bool = True) -> GrammarSpec:

@@ -175,7 +175,7 @@ def llguidance_tokenizer_from_payload(payload: tuple[str, Any]) -> llguidance.LL
         return llg.LLTokenizer(text, n_vocab=n_vocab, eos_token=stops)
     if kind == "tiktoken":
         ranks, special, pattern, n_vocab, stops = data
-        return llg.LLTokenizer.from_tiktoken(  # type: ignore[attr-defined]
+        return llg.LLTokenizer.from_tiktoken(
             encoder=ranks, special_tokens=special, pattern=pattern,
             eos_token=stops, n_vocab=n_vocab,
         )
@@ -203,14 +203,19 @@ def _build_xgrammar_info(info: TokenizerInfo) -> xgrammar.TokenizerInfo:
 
 
 # -- loading -------------------------------------------------------------------------------
-def load_tokenizer_info(source: Any, vocab_size: int | None = None) -> TokenizerInfo:
+def load_tokenizer_info(
+    source: Any, vocab_size: int | None = None, *, stop_token_ids: Sequence[int] | None = None
+) -> TokenizerInfo:
     """Load tokenizer information for the grammar engines.
 
     ``source`` is one of: a short name from :data:`NAMED_TOKENIZERS` (``"smollm2"``,
     ``"deepseek"``, ``"qwen"``); a path to a ``tokenizer.json``, a ``.gguf`` file or a
     tiktoken ranks file (``.tiktoken``); or a Hugging Face fast tokenizer object.
     ``vocab_size`` is the model's vocabulary width (defaults to the tokenizer's); ids past
-    the tokenizer's vocabulary are never allowed by a grammar mask.
+    the tokenizer's vocabulary are never allowed by a grammar mask. ``stop_token_ids``
+    replaces the tokenizer's end tokens (models with several, e.g. ``<|im_end|>`` and
+    ``<|endoftext|>``): a finished grammar accepts any of them, and a failed or terminated
+    request's row allows exactly these.
 
     Results for names and paths are cached per process.
 
@@ -220,22 +225,50 @@ def load_tokenizer_info(source: Any, vocab_size: int | None = None) -> Tokenizer
     """
     if vocab_size is not None and (not isinstance(vocab_size, int) or vocab_size <= 0):
         raise ValueError(f"vocab_size must be a positive int or None, got {vocab_size!r}")
+    stops = None if stop_token_ids is None else _check_stops(stop_token_ids)
     if isinstance(source, (str, os.PathLike)):
         key = (os.fspath(source), vocab_size)
         with _LOADED_LOCK:
             cached = _LOADED.get(key)
-        if cached is not None:
-            return cached
-        info = _load_from_name_or_path(os.fspath(source), vocab_size)
-        with _LOADED_LOCK:
-            _LOADED[key] = info
-        return info
+        if cached is None:
+            cached = _load_from_name_or_path(os.fspath(source), vocab_size)
+            with _LOADED_LOCK:
+                _LOADED[key] = cached
+        return cached if stops is None else _with_stops(cached, stops)
     if hasattr(source, "backend_tokenizer"):
         name = str(getattr(source, "name_or_path", "") or type(source).__name__)
-        return _from_hf(source, name=name, vocab_size=vocab_size)
+        info = _from_hf(source, name=name, vocab_size=vocab_size)
+        return info if stops is None else _with_stops(info, stops)
     raise TypeError(
         "source must be a tokenizer name, a path (tokenizer.json, .gguf, .tiktoken) or a "
         f"Hugging Face fast tokenizer; got {type(source).__name__}"
+    )
+
+
+def _check_stops(stop_token_ids: Sequence[int]) -> tuple[int, ...]:
+    if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, Sequence):
+        raise TypeError(f"stop_token_ids must be a sequence of ints, got {stop_token_ids!r}")
+    bad = [t for t in stop_token_ids if isinstance(t, bool) or not isinstance(t, int) or t < 0]
+    if bad or not stop_token_ids:
+        raise ValueError(f"stop_token_ids must be a non-empty sequence of ints >= 0, got "
+                         f"{list(stop_token_ids)!r}")
+    return tuple(dict.fromkeys(int(t) for t in stop_token_ids))  # unique, in order
+
+
+def _with_stops(info: TokenizerInfo, stops: tuple[int, ...]) -> TokenizerInfo:
+    """A copy of ``info`` whose stop tokens are ``stops`` (its own fingerprint: compiled
+    grammars embed the stop tokens)."""
+    if stops == info.stop_token_ids:
+        return info
+    outside = [t for t in stops if t >= info.tokenizer_vocab_size]
+    if outside:
+        raise ValueError(f"stop_token_ids {outside} are outside the tokenizer's vocabulary "
+                         f"(ids 0..{info.tokenizer_vocab_size - 1})")
+    fingerprint = hashlib.sha256(f"{info.fingerprint}|stops={list(stops)}".encode()).hexdigest()
+    return TokenizerInfo(
+        name=info.name, kind=info.kind, vocab_size=info.vocab_size,
+        tokenizer_vocab_size=info.tokenizer_vocab_size, stop_token_ids=stops,
+        fingerprint=fingerprint, hf_tokenizer=info._hf, tiktoken=info._tiktoken,
     )
 
 

@@ -34,7 +34,7 @@ WorkerReply = tuple[str, Any, float]
 
 
 def main() -> None:
-    """Entry point of a worker process (``python -m portable_guided.runtime._worker_entry``).
+    """Entry point of a worker process (``python .../runtime/_worker_entry.py RFD WFD``).
 
     The worker is a fresh interpreter (not a fork, so none of the parent's threads or
     locks come along, and not ``multiprocessing`` spawn, which would re-run the caller's
@@ -144,15 +144,12 @@ class _Worker:
 def _start_worker() -> _Worker:
     p2c_r, p2c_w = os.pipe()
     c2p_r, c2p_w = os.pipe()
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    )
+    # By file path: the script puts the package root after the standard library.
+    entry = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker_entry.py")
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "portable_guided.runtime._worker_entry", str(p2c_r), str(c2p_w)],
-            pass_fds=(p2c_r, c2p_w), env=env, stdin=subprocess.DEVNULL,
+            [sys.executable, entry, str(p2c_r), str(c2p_w)],
+            pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL,
         )
     finally:
         os.close(p2c_r)
@@ -268,7 +265,7 @@ class WorkerPool:
                 if reply_id != job_id:
                     raise RuntimeError(f"worker replied to job {reply_id}, expected {job_id}")
                 self._idle.put(worker)
-                return reply  # type: ignore[no-any-return]
+                return reply
         except (EOFError, OSError, RuntimeError) as exc:
             self._retire(worker)
             raise GrammarCompileError(

@@ -103,3 +103,34 @@ def test_bad_inputs():
     with pytest.raises(TypeError, match="got int"):
         load_tokenizer_info(12)
     assert np.int32  # numpy is used by the helpers
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_stop_token_ids_replace_the_end_tokens(engine, deepseek):
+    extra = deepseek.encode(" STOP")[0]
+    info = load_tokenizer_info("deepseek", vocab_size=129_344, stop_token_ids=[1, extra])
+    assert info.stop_token_ids == (1, extra)
+    assert info.fingerprint != deepseek.fingerprint  # compiled grammars embed the stops
+    assert deepseek.stop_token_ids == (1,)  # the cached default is untouched
+    for stops, after in ((info, {1, extra}), (deepseek, {1})):
+        rt = GrammarRuntime(stops, engine, compile_timeout_s=None)
+        try:
+            req = rt.new_request(GrammarSpec.choice(["yes"])).wait(60)
+            for t in stops.encode("yes"):
+                assert req.accept(t)
+            bm = rt.allocate_bitmask(1)
+            rt.fill_bitmask([req], bm)
+            assert set(allowed(bm[0], stops.vocab_size).tolist()) == after
+            if extra in after:
+                assert req.accept(extra) and req.is_terminated
+        finally:
+            rt.close()
+
+
+def test_stop_token_ids_are_checked():
+    with pytest.raises(ValueError, match=r"non-empty sequence of ints >= 0, got \[-1\]"):
+        load_tokenizer_info("deepseek", stop_token_ids=[-1])
+    with pytest.raises(ValueError, match=r"stop_token_ids \[999999\] are outside"):
+        load_tokenizer_info("deepseek", stop_token_ids=[1, 999_999])
+    with pytest.raises(TypeError, match="sequence of ints"):
+        load_tokenizer_info("deepseek", stop_token_ids=5)

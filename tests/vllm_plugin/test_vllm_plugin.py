@@ -9,8 +9,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from .conftest import ENGINE_ARGS, REPO, model_dir
 
 PROBE = """

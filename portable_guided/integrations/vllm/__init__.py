@@ -85,9 +85,9 @@ def unpatch() -> None:
     with _lock:
         for original in _original_apply:
             for module_name in _APPLY_MODULES:
-                module = sys.modules.get(module_name)
+                module: Any = sys.modules.get(module_name)
                 if getattr(module, "apply_grammar_bitmask", None) is apply.apply_grammar_bitmask:
-                    setattr(module, "apply_grammar_bitmask", original)
+                    module.apply_grammar_bitmask = original
         _original_apply.clear()
         from .backend import uninstall_backend
 
@@ -95,9 +95,9 @@ def unpatch() -> None:
 
 
 def _patch_apply(version: str) -> None:
-    from . import apply
+    from vllm.v1.structured_output import utils
 
-    import vllm.v1.structured_output.utils as utils
+    from . import apply
 
     original = getattr(utils, "apply_grammar_bitmask", None)
     if original is None or list(inspect.signature(original).parameters) != _APPLY_PARAMS:
@@ -112,9 +112,9 @@ def _patch_apply(version: str) -> None:
     for module_name in _APPLY_MODULES:
         # The model runner imports the name at its own import: patch it there if it is
         # loaded already, else it picks ours up from utils when it loads.
-        module = sys.modules.get(module_name)
+        module: Any = sys.modules.get(module_name)
         if module is not None and getattr(module, "apply_grammar_bitmask", None) is original:
-            setattr(module, "apply_grammar_bitmask", apply.apply_grammar_bitmask)
+            module.apply_grammar_bitmask = apply.apply_grammar_bitmask
     logger.info(
         "portable_guided took over vLLM %s's grammar bitmask application (pid %d)",
         version, os.getpid(),

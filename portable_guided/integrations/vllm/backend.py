@@ -25,9 +25,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...runtime import GrammarRuntime, GrammarSpec, Request, load_tokenizer_info
-from ...runtime.errors import GrammarError
-
 import torch
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.structured_output.backend_types import (
@@ -35,6 +32,9 @@ from vllm.v1.structured_output.backend_types import (
     StructuredOutputGrammar,
     StructuredOutputOptions,
 )
+
+from ...runtime import GrammarRuntime, GrammarSpec, Request, load_tokenizer_info
+from ...runtime.errors import GrammarError
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -65,6 +65,9 @@ def _env_float(name: str, default: float | None) -> float | None:
 class PortableGuidedBackend(StructuredOutputBackend):
     """vLLM ``StructuredOutputBackend`` backed by one :class:`GrammarRuntime` per engine."""
 
+    #: The backend vLLM resolved for the requests (``xgrammar`` or ``guidance``): it decides
+    #: the JSON-schema language, so that outputs match what vLLM alone would produce.
+    served_backend: str = "xgrammar"
     runtime: GrammarRuntime = field(init=False)
 
     def __post_init__(self) -> None:
@@ -79,6 +82,10 @@ class PortableGuidedBackend(StructuredOutputBackend):
         )
         config = self.vllm_config.structured_outputs_config
         self.any_whitespace = not config.disable_any_whitespace
+        # vLLM's xgrammar backend compiles in xgrammar's strict mode (no undeclared
+        # properties); its guidance backend follows JSON Schema unless told otherwise.
+        self.strict = (self.served_backend == "xgrammar"
+                       or bool(config.disable_additional_properties))
         logger.info(
             "portable_guided grammar runtime serves vLLM's structured outputs (engine %s, "
             "compile limit %s s, pid %d)", engine, timeout_s, os.getpid(),
@@ -87,7 +94,8 @@ class PortableGuidedBackend(StructuredOutputBackend):
     def spec_for(self, request_type: StructuredOutputOptions, grammar_spec: str) -> GrammarSpec:
         """The :class:`GrammarSpec` of one vLLM request (raises ``GrammarSpecError``)."""
         if request_type == StructuredOutputOptions.JSON:
-            return GrammarSpec.json_schema(grammar_spec, any_whitespace=self.any_whitespace)
+            return GrammarSpec.json_schema(grammar_spec, any_whitespace=self.any_whitespace,
+                                           strict=self.strict)
         if request_type == StructuredOutputOptions.JSON_OBJECT:
             return GrammarSpec.any_json(any_whitespace=self.any_whitespace)
         if request_type == StructuredOutputOptions.REGEX:
@@ -182,7 +190,7 @@ def _grammar_init(self: StructuredOutputManager, request: Any) -> None:
         if name in SERVED_BACKENDS:
             self.backend = PortableGuidedBackend(
                 self.vllm_config, tokenizer=self.tokenizer,
-                vocab_size=self.vllm_config.model_config.get_vocab_size(),
+                vocab_size=self.vllm_config.model_config.get_vocab_size(), served_backend=name,
             )
     _ORIGINALS["grammar_init"](self, request)
 

@@ -28,7 +28,7 @@ def engine_class(name: str) -> type[Engine]:
     except KeyError:
         raise ValueError(f"unknown grammar engine {name!r}; available: {sorted(ENGINES)}") from None
     try:
-        return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+        return getattr(importlib.import_module(module), cls)
     except ImportError as exc:
         raise ImportError(f"the {name} engine needs `pip install {package}`: {exc}") from exc
 

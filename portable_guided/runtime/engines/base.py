@@ -8,13 +8,31 @@ downstream is engine-agnostic.
 
 from __future__ import annotations
 
+import functools
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from importlib import metadata
 from typing import Any
 
 from ..specs import GrammarSpec
 
-__all__ = ["Engine", "Matcher", "UnsupportedSpec"]
+__all__ = ["Engine", "Matcher", "UnsupportedSpec", "package_version"]
+
+
+@functools.cache
+def package_version(distribution: str, module: str | None = None) -> str:
+    """The installed version of ``distribution`` from its package metadata (part of the disk
+    cache key; xgrammar 0.2.8 has no ``__version__``), else the module's ``__version__``."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        mod = importlib.import_module(module or distribution)
+        found = getattr(mod, "__version__", None)
+        if found is None:
+            raise RuntimeError(f"cannot tell the version of {distribution}: no package "
+                               "metadata and no __version__") from None
+        return str(found)
 
 
 class UnsupportedSpec(Exception):

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..specs import GrammarSpec
-from .base import Engine, Matcher, UnsupportedSpec
+from .base import Engine, Matcher, UnsupportedSpec, package_version
 
 __all__ = ["LLGuidanceEngine", "LLGuidanceMatcher", "bitmask_pointer"]
 
@@ -115,9 +115,7 @@ class LLGuidanceEngine(Engine):
 
     @staticmethod
     def version() -> str:
-        import llguidance
-
-        return str(llguidance.get_version() if hasattr(llguidance, "get_version") else "unknown")
+        return package_version("llguidance")
 
     @classmethod
     def from_payload(cls, payload: Any) -> LLGuidanceEngine:
@@ -129,9 +127,11 @@ class LLGuidanceEngine(Engine):
         """The llguidance grammar (JSON text) for ``spec``."""
         L = self._llg.LLMatcher
         kind, data = spec.kind, spec.payload
-        json_opts = {"whitespace_flexible": bool(spec.option("any_whitespace", True))}
+        # oneOf is read as anyOf, as xgrammar does (docs/runtime.md, JSON schema semantics).
+        json_opts = {"whitespace_flexible": bool(spec.option("any_whitespace", True)),
+                     "coerce_one_of": True}
         if kind == "json_schema":
-            return str(L.grammar_from_json_schema(spec.text, defaults=json_opts))
+            return str(L.grammar_from_json_schema(spec.engine_schema_text(), defaults=json_opts))
         if kind == "any_json":
             return str(L.grammar_from_json_schema('{"type":"object"}', defaults=json_opts))
         if kind == "regex":

@@ -7,8 +7,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from ..json_semantics import xgrammar_unsupported
 from ..specs import GrammarSpec
-from .base import Engine, Matcher
+from .base import Engine, Matcher, UnsupportedSpec, package_version
 
 __all__ = ["XGrammarEngine", "XGrammarMatcher", "xgrammar_structural_tag"]
 
@@ -69,9 +70,7 @@ class XGrammarEngine(Engine):
 
     @staticmethod
     def version() -> str:
-        import xgrammar
-
-        return str(getattr(xgrammar, "__version__", "unknown"))
+        return package_version("xgrammar")
 
     @classmethod
     def from_payload(cls, payload: Any) -> XGrammarEngine:
@@ -83,11 +82,16 @@ class XGrammarEngine(Engine):
         c = self._compiler
         kind, data = spec.kind, spec.payload
         if kind == "json_schema":
-            # xgrammar's default strict mode (as vLLM and SGLang use it): objects take no
-            # properties the schema does not declare. Non-strict mode compiled 50x slower
-            # on MaskBench and passed no more schemas.
+            # One language on every engine (json_semantics): strictness is in the schema
+            # text, never xgrammar's strict_mode (which also forbids array items that no
+            # `items` declares), and keywords xgrammar would ignore make it refuse.
+            text = spec.engine_schema_text()
+            problems = xgrammar_unsupported(json.loads(text))
+            if problems:
+                more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+                raise UnsupportedSpec("; ".join(problems[:3]) + more)
             return c.compile_json_schema(
-                spec.text, any_whitespace=spec.option("any_whitespace", True), strict_mode=True
+                text, any_whitespace=spec.option("any_whitespace", True), strict_mode=False
             )
         if kind == "any_json":  # any object: non-strict, so every property is allowed
             return c.compile_json_schema(

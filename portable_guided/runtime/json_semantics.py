@@ -1,0 +1,171 @@
+"""One JSON-schema language on every engine.
+
+The language of ``GrammarSpec.json_schema(schema)`` is JSON Schema validation, with the
+deviations listed in ``docs/runtime.md`` ("JSON schema semantics"), the same whichever engine
+compiles it:
+
+- undeclared properties are allowed unless the schema says otherwise
+  (``additionalProperties``); ``strict=True`` selects the strict variant, applied to the
+  schema itself before any engine sees it (:func:`strict_schema`, as vLLM's
+  ``disable_additional_properties``);
+- ``oneOf`` is read as ``anyOf`` by both engines (an instance matching several branches is
+  accepted);
+- a keyword an engine would silently ignore makes that engine refuse the schema
+  (:func:`xgrammar_unsupported`; llguidance refuses such keywords itself), so ``auto`` falls
+  back instead of producing a different language.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+__all__ = ["XGRAMMAR_FORMATS", "strict_schema", "xgrammar_unsupported"]
+
+# Keywords whose values are subschemas, maps of subschemas, or lists of subschemas.
+_SCHEMA_KEYS = ("additionalProperties", "additionalItems", "items", "contains", "not", "if",
+                "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
+_MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_LIST_KEYS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+
+#: Keywords xgrammar 0.2.8 (non-strict) accepts but does not enforce (checked one by one in
+#: tests/runtime/test_json_semantics.py): a schema using them is refused.
+XGRAMMAR_IGNORED = ("not", "if", "then", "else", "dependentRequired", "dependencies",
+                    "dependentSchemas", "contains", "minContains", "maxContains",
+                    "unevaluatedProperties", "allOf", "$dynamicRef", "$recursiveRef")
+
+#: Keywords xgrammar enforces only on a schema that declares its ``type``.
+XGRAMMAR_TYPED_ONLY = ("pattern", "minLength", "maxLength", "format", "minimum", "maximum",
+                       "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minItems",
+                       "maxItems", "minProperties", "maxProperties", "patternProperties",
+                       "propertyNames")
+
+#: Keywords that do not constrain (annotations and structure).
+ANNOTATIONS = frozenset((
+    "title", "description", "default", "examples", "$comment", "$schema", "$id", "$anchor",
+    "$defs", "definitions", "deprecated", "readOnly", "writeOnly", "contentEncoding",
+    "contentMediaType", "contentSchema", "nullable",
+))
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string",
+               type(None): "null", list: "array", dict: "object"}
+
+#: String formats xgrammar 0.2.8 enforces; another format on a string is refused.
+XGRAMMAR_FORMATS = ("email", "date", "time", "date-time", "duration", "ipv4", "ipv6",
+                    "hostname", "uuid", "uri", "uri-reference", "uri-template", "json-pointer",
+                    "relative-json-pointer")
+
+
+def iter_schemas(node: Any, pointer: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every (sub)schema object of ``node`` with its JSON pointer (values of ``enum``,
+    ``const``, ``default`` and ``examples`` are data, not schemas)."""
+    if not isinstance(node, Mapping):
+        return
+    yield pointer, node
+    for key in _SCHEMA_KEYS:
+        if isinstance(node.get(key), Mapping):
+            yield from iter_schemas(node[key], f"{pointer}/{key}")
+    for key in _MAP_KEYS:
+        if isinstance(node.get(key), Mapping):
+            for name, sub in node[key].items():
+                yield from iter_schemas(sub, f"{pointer}/{key}/{_escape(name)}")
+    for key in _LIST_KEYS:
+        if isinstance(node.get(key), list):
+            for i, sub in enumerate(node[key]):
+                yield from iter_schemas(sub, f"{pointer}/{key}/{i}")
+
+
+def xgrammar_unsupported(schema: Any) -> list[str]:
+    """Why xgrammar would not enforce ``schema`` exactly: ``"<pointer>: <reason>"`` lines
+    (empty when it can)."""
+    found = []
+    for pointer, node in iter_schemas(schema):
+        where = pointer or "/"
+        for key in XGRAMMAR_IGNORED:
+            if key in node:
+                found.append(f"{where}: {key} is not enforced by xgrammar")
+        if node.get("uniqueItems") is True:
+            found.append(f"{where}: uniqueItems is not enforced by xgrammar")
+        types = node.get("type")
+        types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
+        if not types:
+            for key in XGRAMMAR_TYPED_ONLY:
+                if key in node:
+                    found.append(f"{where}: {key} without a type is not enforced by xgrammar")
+        if "multipleOf" in node and not (
+                types == ["integer"] and isinstance(node["multipleOf"], int)):
+            found.append(f"{where}: multipleOf is enforced by xgrammar only as an integer on "
+                         "type integer")
+        fmt = node.get("format")
+        if "string" in types and isinstance(fmt, str) and fmt not in XGRAMMAR_FORMATS:
+            found.append(f"{where}: format {fmt!r} is not enforced by xgrammar")
+        found += [f"{where}: {why}" for why in _xgrammar_node_problems(node, types)]
+    return found
+
+
+def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterator[str]:
+    # Each rule below is a case where xgrammar 0.2.8 accepted a different language than
+    # JSON Schema's (found by the MaskBench differential, pinned by a test each).
+    if "pattern" in node and ("minLength" in node or "maxLength" in node):
+        yield "pattern with minLength/maxLength: xgrammar drops the length bounds"
+    if "patternProperties" in node and node.get("additionalProperties") is not False:
+        yield ("patternProperties with additional properties allowed: xgrammar rejects "
+               "names that match no pattern")
+    patterns = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+    if isinstance(node.get("patternProperties"), Mapping):
+        patterns += list(node["patternProperties"])
+    for p in patterns:
+        if not (p.startswith("^") and p.endswith("$") and not p.endswith("\\$")):
+            yield (f"pattern {p[:40]!r} is not anchored (^...$): JSON Schema searches, "
+                   "xgrammar matches the whole string")
+    siblings = set(node) - ANNOTATIONS - {"type"}
+    for key in ("anyOf", "oneOf", "$ref"):
+        if key in node and siblings - {key}:
+            yield (f"{key} beside {sorted(siblings - {key})[:4]}: xgrammar ignores one or "
+                   "the other")
+    required = node.get("required")
+    if isinstance(required, list) and required:
+        props: Mapping[str, Any] = (node["properties"] if isinstance(node.get("properties"),
+                                                                      Mapping) else {})
+        missing = [r for r in required if r not in props]
+        if missing:
+            yield f"required {missing[:3]} not among properties: xgrammar ignores them"
+    values = node.get("enum") if isinstance(node.get("enum"), list) else (
+        [node["const"]] if "const" in node else [])
+    if values and types and any(not _has_type(v, types) for v in values):
+        yield "enum/const values outside the declared type: xgrammar ignores the type"
+
+
+def _has_type(value: Any, types: list[Any]) -> bool:
+    kind = _JSON_TYPES.get(type(value))
+    return kind in types or (kind == "integer" and "number" in types) or (
+        kind == "number" and "integer" in types and float(value).is_integer())
+
+
+def strict_schema(schema: Any) -> Any:
+    """``schema`` with ``"additionalProperties": false`` on every object schema that does not
+    say (the strict variant: no undeclared properties); a new object, ``schema`` untouched."""
+    if isinstance(schema, list):
+        return [strict_schema(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("enum", "const", "default", "examples"):
+            out[key] = value
+        elif key in _MAP_KEYS and isinstance(value, Mapping):
+            out[key] = {k: strict_schema(v) for k, v in value.items()}
+        elif key in _SCHEMA_KEYS or key in _LIST_KEYS:
+            out[key] = strict_schema(value)
+        else:
+            out[key] = value
+    is_object = out.get("type") == "object" or (
+        isinstance(out.get("type"), list) and "object" in out["type"]) or "properties" in out
+    if is_object and not {"additionalProperties", "patternProperties",
+                          "unevaluatedProperties"} & set(out):
+        out["additionalProperties"] = False
+    return out
+
+
+def _escape(part: Any) -> str:
+    return str(part).replace("~", "~0").replace("/", "~1")

@@ -1,0 +1,122 @@
+"""One JSON-schema language on every engine: each engine either refuses a schema or decides
+its instances as JSON Schema (the ``jsonschema`` validator, an independent reference) does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from portable_guided.runtime import GrammarSpec
+from portable_guided.runtime.json_semantics import strict_schema, xgrammar_unsupported
+
+jsonschema = pytest.importorskip("jsonschema")
+
+# (schema, instance): each a case where an engine once accepted a language other than
+# JSON Schema's (xgrammar 0.2.8 ignoring or reading a keyword differently; found by probes
+# and by the MaskBench differential).
+CASES = {
+    "uniqueItems": ({"type": "array", "uniqueItems": True}, [1, 1]),
+    "not": ({"not": {"type": "string"}}, "x"),
+    "if_then": ({"type": "object", "if": {"properties": {"a": {"const": 1}}},
+                 "then": {"required": ["b"]}}, {"a": 1}),
+    "dependentRequired": ({"type": "object", "dependentRequired": {"a": ["b"]}}, {"a": 1}),
+    "contains": ({"type": "array", "contains": {"type": "string"}}, [1]),
+    "allOf": ({"allOf": [{"type": "integer"}, {"type": "integer", "minimum": 3}]}, 1),
+    "unevaluatedProperties": ({"type": "object", "properties": {"a": {}},
+                               "unevaluatedProperties": False}, {"a": 1, "b": 2}),
+    "multipleOf_number": ({"type": "number", "multipleOf": 3}, 4.5),
+    "minimum_untyped": ({"minimum": 5}, 3),
+    "maxLength_untyped": ({"maxLength": 2}, "abc"),
+    "format_unknown": ({"type": "string", "format": "idn-email"}, "x"),
+    "pattern_with_length": ({"type": "string", "pattern": "^[0-9a-f]+$", "maxLength": 12},
+                            "0123456789abc"),
+    "pattern_unanchored": ({"type": "string", "pattern": "[0-9]+"}, "a1"),
+    "patternProperties_unanchored": ({"type": "object", "additionalProperties": False,
+                                      "patternProperties": {"[a-z]+": {"type": "integer"}}},
+                                     {"ab1": 1}),
+    "patternProperties_open": ({"type": "object", "additionalProperties": True,
+                                "patternProperties": {"^[a-z]+$": {"type": "integer"}}},
+                               {"aB": "x"}),
+    "oneOf_beside_properties": ({"type": "object", "properties": {"a": {"type": "integer"}},
+                                 "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+                                {"a": "s"}),
+    "required_without_properties": ({"type": "object", "required": ["a"]}, {}),
+    "enum_outside_type": ({"type": "string", "enum": ["a", 1]}, 1),
+    "ref_beside_minimum": ({"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x",
+                            "minimum": 3}, 1),
+    "undeclared_property": ({"type": "object", "properties": {"a": {"type": "integer"}}},
+                            {"a": 1, "b": 2}),
+}
+
+
+def _decide(rt, spec: GrammarSpec, instance) -> bool | None:
+    """None if the engine refused the schema, else whether it accepted the instance."""
+    req = rt.new_request(spec, on_error="reject").wait(60)
+    if req.failed:
+        return None
+    ids = rt.info.encode(json.dumps(instance))
+    return req.accept_tokens(ids) == len(ids) and req.accept(rt.info.stop_token_ids[0])
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_engine_refuses_or_decides_as_json_schema(case, runtimes):
+    schema, instance = CASES[case]
+    expected = jsonschema.validators.validator_for(schema)(schema).is_valid(instance)
+    spec = GrammarSpec.json_schema(schema)
+    for engine in ("xgrammar", "llguidance"):
+        decided = _decide(runtimes[engine], spec, instance)
+        assert decided in (None, expected), (engine, case, decided, expected)
+
+
+def test_strict_variant_is_the_same_on_both_engines(runtimes):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"},
+              "b": {"type": "object", "properties": {"c": {"type": "string"}}}}}
+    instances = [{"a": 1}, {"a": 1, "x": 2}, {"b": {"c": "s", "y": 1}}]
+    for strict in (False, True):
+        spec = GrammarSpec.json_schema(schema, strict=strict)
+        ref = strict_schema(schema) if strict else schema
+        expected = [jsonschema.Draft202012Validator(ref).is_valid(i) for i in instances]
+        assert expected == ([True, True, True] if not strict else [True, False, False])
+        for engine in ("xgrammar", "llguidance"):
+            assert [_decide(runtimes[engine], spec, i) for i in instances] == expected, engine
+
+
+def test_strict_schema_rewrite_exact():
+    schema = {"type": "object", "properties": {"a": {"type": "object"}},
+              "$defs": {"d": {"properties": {"x": {}}}},
+              "items": [{"type": "object", "additionalProperties": True}],
+              "anyOf": [{"type": ["object", "null"]}], "enum": [{"k": 1}]}
+    assert strict_schema(schema) == {
+        "type": "object", "properties": {"a": {"type": "object", "additionalProperties": False}},
+        "$defs": {"d": {"properties": {"x": {}}, "additionalProperties": False}},
+        "items": [{"type": "object", "additionalProperties": True}],
+        "anyOf": [{"type": ["object", "null"], "additionalProperties": False}],
+        "enum": [{"k": 1}], "additionalProperties": False,
+    }
+    assert "additionalProperties" not in schema  # the caller's schema is untouched
+
+
+def test_one_of_reads_as_any_of_on_both_engines(runtimes):
+    schema = {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]}
+    spec = GrammarSpec.json_schema(schema)
+    # 3 matches both branches: JSON Schema says invalid; both engines accept (documented).
+    assert [_decide(runtimes[e], spec, 3) for e in ("xgrammar", "llguidance")] == [True, True]
+    assert [_decide(runtimes[e], spec, "s") for e in ("xgrammar", "llguidance")] == [False] * 2
+
+
+def test_xgrammar_reasons_name_the_keyword_and_pointer():
+    assert xgrammar_unsupported({"properties": {"a": {"type": "array", "uniqueItems": True}}}) \
+        == ["/properties/a: uniqueItems is not enforced by xgrammar"]
+    assert xgrammar_unsupported({"type": "object", "properties": {"a": {"type": "integer"}},
+                                 "required": ["a"]}) == []
+
+
+def test_auto_falls_back_to_llguidance_where_xgrammar_refuses(deepseek):
+    from portable_guided.runtime import GrammarRuntime
+
+    spec = GrammarSpec.json_schema({"type": "string", "pattern": "[0-9]+"})
+    with GrammarRuntime(deepseek, "auto", auto_order=("xgrammar", "llguidance"),
+                        compile_timeout_s=None) as rt:
+        req = rt.new_request(spec).wait(60)
+        assert req.engine_name == "llguidance" and rt.metrics()["engine_fallbacks"] == 1
