@@ -49,12 +49,14 @@ def tokenizer(torch_runner):
 
 @pytest.fixture(scope="session")
 def runtime():
-    """A grammar runtime for the SmolLM2 tokenizer (xgrammar)."""
+    """A grammar runtime for the SmolLM2 tokenizer: xgrammar, and llguidance for the schemas
+    xgrammar refuses (keywords it would not enforce, e.g. a pattern with length bounds)."""
     if not HAS_MODEL:
         pytest.skip("the SmolLM2 model is not installed")
     pytest.importorskip("xgrammar")
     from portable_guided.runtime import GrammarRuntime
 
-    rt = GrammarRuntime("smollm2", engine="xgrammar", compile_timeout_s=60.0)
+    rt = GrammarRuntime("smollm2", engine="auto", auto_order=("xgrammar", "llguidance"),
+                        compile_timeout_s=60.0)
     yield rt
     rt.close()
