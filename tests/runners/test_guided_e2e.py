@@ -19,7 +19,10 @@ pytestmark = [pytest.mark.model, pytest.mark.xgrammar]
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "maskbench_e2e.jsonl")
 MAX_TOKENS = 192
-MIN_FINISHED = 0.35  # share that must reach the grammar's end (measured 10 of 24 on torch)
+# Share that must reach the grammar's end: measured 10 of 24 on torch with xgrammar's strict
+# objects, 8 of 24 since JSON Schema's open objects became the default (the model adds
+# properties and runs past MAX_TOKENS more often).
+MIN_FINISHED = 0.3
 
 
 def _schemas() -> list[tuple[str, dict]]:
@@ -53,7 +56,9 @@ def _check_valid(outs, schemas, tokenizer) -> int:
         if out.finish_reason == "stop":
             finished += 1
             value = json.loads(tokenizer.decode(out.token_ids))
-            jsonschema.validate(value, by_id[out.request_id])
+            # Both engines read oneOf as anyOf (docs/runtime.md, JSON schema semantics).
+            schema = json.loads(json.dumps(by_id[out.request_id]).replace('"oneOf"', '"anyOf"'))
+            jsonschema.validate(value, schema)
     assert finished >= MIN_FINISHED * len(outs), f"only {finished} of {len(outs)} finished"
     return finished
 
