@@ -77,16 +77,23 @@ def _check_valid(kind, text, finish):
         assert re.fullmatch(r"#[a-f0-9]{6}", text), text
 
 
+def _run_off_then(llm, mode, batch):
+    """Run ``batch`` with the plugin off, then in ``mode``: the same greedy tokens, and every
+    finished constrained output valid. Returns the outputs in ``mode``."""
+    with plugin_mode(llm, "off"):
+        reference = _run(llm, batch)
+    with plugin_mode(llm, mode):
+        ours = _run(llm, batch)
+    for (prompt, kind), ref, got in zip(batch, reference, ours):
+        assert got[0] == ref[0], (mode, prompt, ref[1], got[1])
+        _check_valid(kind, got[1], got[2])
+    return ours
+
+
 @pytest.mark.parametrize("mode", ["apply", "runtime"])
 def test_mixed_batch_token_identical_and_valid(llm, mode):
     """JSON schema, regex, choice, EBNF and unconstrained rows in one batch."""
-    with plugin_mode(llm, "off"):
-        reference = _run(llm, MIXED)
-    with plugin_mode(llm, mode):
-        ours = _run(llm, MIXED)
-    for (prompt, kind), ref, got in zip(MIXED, reference, ours):
-        assert got[0] == ref[0], (mode, prompt, ref[1], got[1])
-        _check_valid(kind, got[1], got[2])
+    ours = _run_off_then(llm, mode, MIXED)
     finished = [got[2] == "stop" for (_, kind), got in zip(MIXED, ours) if kind is not None]
     assert sum(finished) >= len(finished) - 1, ours  # the outputs were really checked
 
@@ -209,10 +216,4 @@ def test_ngram_speculative_decoding(spec_llm, llm, mode):
         ("Numbers: 555-1234, 555-9876, 555-1111. One more:", "phone"),
         ("Tell me about the weather today.", None),
     ]
-    with plugin_mode(spec_llm, "off"):
-        reference = _run(spec_llm, batch)
-    with plugin_mode(spec_llm, mode):
-        ours = _run(spec_llm, batch)
-    for (prompt, kind), ref, got in zip(batch, reference, ours):
-        assert got[0] == ref[0], (mode, prompt, ref[1], got[1])
-        _check_valid(kind, got[1], got[2])
+    _run_off_then(spec_llm, mode, batch)
