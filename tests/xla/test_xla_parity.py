@@ -138,7 +138,7 @@ def test_narrow_bitmask_warns_and_leaves_the_tail(device) -> None:
     bitmask = random_bitmask(rng, 8, 20)  # covers 640 of 1000 columns
     logits = host.to(device)
 
-    with pytest.warns(UserWarning, match="covers 640 tokens"):
+    with pytest.warns(UserWarning, match="covers only 640 tokens but logits have 1000"):
         pg.apply_token_mask(logits, torch.from_numpy(bitmask))
     torch_xla.sync()
 
