@@ -41,6 +41,15 @@ from portable_guided.runtime.maskbench import load_records, machine_note
 DATA = Path(os.environ.get("PORTABLE_GUIDED_MASKBENCH", "/work/shared/data/maskbench"))
 
 
+def _matcher(req):
+    """The matcher a batch fill uses for an active request (the runtime's batch contract)."""
+    with req.fill_lock:
+        matcher = req.fill_target(None, 0)
+    if matcher is None:
+        raise RuntimeError("request is not active (pending, failed or terminated)")
+    return matcher
+
+
 def med(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
@@ -136,8 +145,8 @@ def bench_batch_fill(info, start_after: str | None = None) -> dict:
     for name, (rt, reqs) in states.items():
         bm = rt.allocate_bitmask(64)
         n = len(reqs)
-        engine = reqs[0]._engine
-        matchers = [r._matcher for r in reqs]
+        engine = reqs[0].engine
+        matchers = [_matcher(r) for r in reqs]
         timings: dict[str, list[float]] = {"request_fill_one_by_one": [], "fill_bitmask": [],
                                            "engine_batch_api": []}
         raw = None
@@ -246,7 +255,7 @@ def bench_decode_walk(info, steps: int = 400, repeats: int = 5) -> dict:
                     r.fill(bm, i)
 
             def engine_batch_api(reqs, bm=bm, rows=rows):
-                reqs[0]._engine.fill_batch([r._matcher for r in reqs], bm, rows)
+                reqs[0].engine.fill_batch([_matcher(r) for r in reqs], bm, rows)
 
             fills = {"one_by_one": one_by_one,
                      "fill_bitmask": lambda reqs, bm=bm: rt.fill_bitmask(reqs, bm),

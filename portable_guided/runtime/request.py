@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +17,10 @@ from .errors import GrammarNotReady, GrammarRejectedToken
 if TYPE_CHECKING:
     from .compile_service import CompiledGrammar
     from .engines.base import Engine, Matcher
-    from .runtime import GrammarRuntime
+    from .metrics import Metrics
+    from .rows import SpecialRows
 
-__all__ = ["ON_ERROR_POLICIES", "ReasoningConfig", "Request"]
+__all__ = ["ON_ERROR_POLICIES", "ReasoningConfig", "Request", "RequestContext"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,23 @@ class ReasoningConfig:
             raise ValueError(f"budget must be >= 0 or None, got {self.budget}")
 
 
+@dataclass(frozen=True)
+class RequestContext:
+    """What a request shares with the other requests of its runtime.
+
+    Attributes:
+        rows: the rows no grammar fills (stop tokens only, reasoning phase).
+        metrics: where accepted, rejected and failed counts go.
+        executor: runs the blocking calls behind the ``async`` methods.
+        next_serial: a new number per request; batch fills lock requests in this order.
+    """
+
+    rows: SpecialRows
+    metrics: Metrics
+    executor: Executor
+    next_serial: Callable[[], int]
+
+
 class Request:
     """One sequence constrained by a grammar. Create it with ``GrammarRuntime.new_request``.
 
@@ -64,12 +82,16 @@ class Request:
     passed to :meth:`accept` (e.g. produced by a prefill node) are queued and checked as
     soon as the grammar is ready; ``fill_bitmask`` leaves the row of a pending request
     untouched, so engines hold such requests back from sampling, as they do with prefill.
+
+    A batch fill (``GrammarRuntime.fill_bitmask``, or an engine's own batching loop) uses
+    only the batch contract: :attr:`serial`, :attr:`fill_lock`, :meth:`fill_target`,
+    :attr:`engine` and :attr:`fill_cost_s`.
     """
 
     def __init__(
         self,
-        runtime: GrammarRuntime,
         future: Future[CompiledGrammar],
+        context: RequestContext,
         *,
         on_error: str = "raise",
         reasoning: ReasoningConfig | None = None,
@@ -78,11 +100,13 @@ class Request:
             raise ValueError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
         if reasoning is not None and not isinstance(reasoning, ReasoningConfig):
             raise TypeError(f"reasoning must be a ReasoningConfig, got {type(reasoning).__name__}")
-        self._rt = runtime
+        self._rows = context.rows
+        self._metrics = context.metrics
+        self._executor = context.executor
         self._lock = threading.Lock()
         self.on_error = on_error
         self.reasoning = reasoning
-        self.stop_token_ids: tuple[int, ...] = runtime.info.stop_token_ids
+        self.stop_token_ids: tuple[int, ...] = context.rows.stop_token_ids
         self._stops = frozenset(self.stop_token_ids)
         #: Set by the engine while the sequence is in (chunked) prefill: its row is skipped.
         self.in_prefill = False
@@ -97,8 +121,10 @@ class Request:
         self._think_log: list[int] = []
         self._think_progress = 0
         self.num_rejected = 0
-        self._fill_cost = 0.0  # seconds the last batch-filled mask took (orders batches)
-        self._serial = runtime._next_serial()
+        #: Seconds this request's last batch-filled mask took. The batching loop writes it
+        #: and starts each batch with the costliest rows.
+        self.fill_cost_s = 0.0
+        self._serial = context.next_serial()
         self._ready_event = threading.Event()
         self._future = future
         future.add_done_callback(self._on_compiled)
@@ -176,11 +202,23 @@ class Request:
                 except GrammarRejectedToken:
                     break  # recorded in self._error; raised to the next caller
 
+    def _active_matcher(self) -> Matcher:
+        """The matcher of a compiled request (ACTIVE or TERMINATED)."""
+        if self._matcher is None:
+            raise RuntimeError(f"request in state {self._state!r} has no matcher")
+        return self._matcher
+
+    def _failure(self) -> BaseException:
+        """The error a failed request raises again."""
+        if self._error is None:
+            return RuntimeError("request failed without a recorded error")
+        return self._error
+
     def _fail(self, exc: BaseException) -> None:
         if self._state != FAILED:
             self._state = FAILED
             self._error = exc
-            self._rt.metrics_sink.inc("requests_failed")
+            self._metrics.inc("requests_failed")
 
     # -- accepting -------------------------------------------------------------------------
     def accept(self, token_id: int) -> bool:
@@ -206,7 +244,7 @@ class Request:
                 if not self._try_accept(int(t)):
                     break
                 n += 1
-            self._rt.metrics_sink.inc("tokens_accepted", n)
+            self._metrics.inc("tokens_accepted", n)
             return n
 
     def rollback(self, n: int = 1) -> None:
@@ -223,13 +261,13 @@ class Request:
             return True
         if state == FAILED:
             if self.on_error == "raise":
-                raise self._error  # type: ignore[misc]
+                raise self._failure()
             return False
         if self._try_accept(token):
-            self._rt.metrics_sink.inc("tokens_accepted")
+            self._metrics.inc("tokens_accepted")
             return True
         self.num_rejected += 1
-        self._rt.metrics_sink.inc("tokens_rejected")
+        self._metrics.inc("tokens_rejected")
         error = GrammarRejectedToken(token, len(self._log), self._reject_detail(token))
         log.info("grammar rejected a token (on_error=%s): %s", self.on_error, error)
         if self.on_error == "raise":
@@ -238,7 +276,7 @@ class Request:
         if self.on_error == "terminate" and not self._forced_stop:
             self._forced_stop = True
             self._error = error
-            self._rt.metrics_sink.inc("forced_stops")
+            self._metrics.inc("forced_stops")
         return False
 
     def _reject_detail(self, token: int) -> str:
@@ -259,21 +297,23 @@ class Request:
             return False
         if self._thinking:
             return self._think_accept(token)
-        assert self._matcher is not None
-        if not self._matcher.accept(token):
+        matcher = self._active_matcher()
+        if not matcher.accept(token):
             return False
         self._log.append(_GRAMMAR)
-        if self._matcher.is_terminated():
+        if matcher.is_terminated():
             self._state = TERMINATED
         return True
 
     def _think_accept(self, token: int) -> bool:
         cfg = self.reasoning
-        assert cfg is not None
+        if cfg is None:  # only a request with a reasoning phase thinks
+            raise RuntimeError("thinking without a reasoning config")
         end = cfg.think_end_ids
         if token in self._stops:
             return False
-        if self._forcing_think_end() and token != end[self._think_progress]:
+        forced = self._forced_think_token()
+        if forced is not None and token != forced:
             return False
         self._think_log.append(token)
         self._log.append(_THINK)
@@ -282,18 +322,11 @@ class Request:
             self._thinking = False
         return True
 
-    def _forcing_think_end(self) -> bool:
-        cfg = self.reasoning
-        return (
-            cfg is not None and cfg.budget is not None
-            and len(self._think_log) - self._think_progress >= cfg.budget
-        )
-
     def _rollback_locked(self, n: int, count: bool = True) -> None:
         if n > len(self._log):
             raise ValueError(f"cannot roll back {n} tokens: only {len(self._log)} accepted")
         if self._state == FAILED:
-            raise self._error  # type: ignore[misc]
+            raise self._failure()
         grammar_n = 0
         for _ in range(n):
             kind = self._log.pop()
@@ -303,45 +336,74 @@ class Request:
                 self._think_log.pop()
                 self._thinking = True
         if grammar_n:
-            assert self._matcher is not None
-            self._matcher.rollback(grammar_n)
-            if self._state == TERMINATED and not self._matcher.is_terminated():
+            matcher = self._active_matcher()
+            matcher.rollback(grammar_n)
+            if self._state == TERMINATED and not matcher.is_terminated():
                 self._state = ACTIVE
         if self.reasoning is not None and self._thinking:
             self._think_progress = _suffix_match(self._think_log, self.reasoning.think_end_ids)
         if count:
-            self._rt.metrics_sink.inc("rollbacks")
+            self._metrics.inc("rollbacks")
 
     # -- masks -----------------------------------------------------------------------------
     def fill(self, bitmask: Any, row: int = 0) -> None:
         """Fill ``bitmask[row]`` with this request's next-token mask (single-request path;
         use ``GrammarRuntime.fill_bitmask`` for batches)."""
         with self._lock:
-            if self._state is ACTIVE and not self._thinking and not self._forced_stop:
-                self._matcher.fill(bitmask, row)  # type: ignore[union-attr]
-            else:
-                self._fill_special(bitmask, row)
+            self._fill_any(bitmask, row)
+
+    # -- batch fill contract ---------------------------------------------------------------
+    @property
+    def serial(self) -> int:
+        """This request's number in its runtime. A batch fill takes the :attr:`fill_lock`
+        of its requests in increasing serial order, so concurrent batches never deadlock."""
+        return self._serial
+
+    @property
+    def fill_lock(self) -> threading.Lock:
+        """The lock that serializes this request's grammar state. Hold it from
+        :meth:`fill_target` until the row is filled."""
+        return self._lock
+
+    @property
+    def engine(self) -> Engine | None:
+        """The engine that compiled the grammar (``None`` while pending or failed); a batch
+        fill groups the matchers of one engine into one batch call."""
+        return self._engine
+
+    def fill_target(self, bitmask: Any, row: int) -> Matcher | None:
+        """Prepare ``bitmask[row]`` for a batch fill; :attr:`fill_lock` must be held.
+
+        Returns the matcher that fills the row, or None when the row needs no engine: a
+        failed or terminated request's row is written here (stop tokens only), as is a
+        thinking request's (everything but the stop tokens, or the forced think-end token);
+        a pending request's row is left untouched.
+        """
+        if self._state is ACTIVE and not self._thinking and not self._forced_stop:
+            return self._matcher
+        self._fill_special(bitmask, row)
+        return None
 
     def _fill_special(self, bitmask: Any, row: int) -> None:
         """Rows not filled by the grammar engine. Lock held."""
         state = self._state
         if state == PENDING:
             return
-        rt = self._rt
+        rows = self._rows
         if state in (FAILED, TERMINATED) or self._forced_stop:
-            rt._write_row(bitmask, row, rt._stop_row)
+            rows.write(bitmask, row, rows.stop_only)
         elif self._thinking:
-            if self._forcing_think_end():
-                rt._write_row(bitmask, row, rt._single_token_row(
-                    self.reasoning.think_end_ids[self._think_progress]))  # type: ignore[union-attr]
-            else:
-                rt._write_row(bitmask, row, rt._no_stop_row)
+            forced = self._forced_think_token()
+            rows.write(bitmask, row, rows.all_but_stop if forced is None else rows.only(forced))
 
-    def _plan(self) -> Matcher | None:
-        """The matcher to batch-fill, or None if ``_fill_special`` handles the row."""
-        if self._state is ACTIVE and not self._thinking and not self._forced_stop:
-            return self._matcher
-        return None
+    def _forced_think_token(self) -> int | None:
+        """The think-end token the reasoning budget forces next, if any."""
+        cfg = self.reasoning
+        if cfg is None or cfg.budget is None:
+            return None
+        if len(self._think_log) - self._think_progress < cfg.budget:
+            return None
+        return cfg.think_end_ids[self._think_progress]
 
     def fill_draft_masks(self, draft_ids: Sequence[int], bitmask: Any, start_row: int = 0) -> int:
         """Masks for speculative verification of ``draft_ids``.
@@ -418,30 +480,29 @@ class Request:
             child = sib[child]
 
     def _fill_any(self, bitmask: Any, row: int) -> None:
-        matcher = self._plan()
+        matcher = self.fill_target(bitmask, row)
         if matcher is not None:
             matcher.fill(bitmask, row)
-        else:
-            self._fill_special(bitmask, row)
 
     def jump_forward(self) -> str:
         """Text the grammar forces next (empty while thinking, pending or terminated); the
         engine tokenizes it and passes the ids to :meth:`accept`."""
         with self._lock:
-            matcher = self._plan()
-            return matcher.jump_forward() if matcher is not None else ""
+            if self._state is ACTIVE and not self._thinking and not self._forced_stop:
+                return self._active_matcher().jump_forward()
+            return ""
 
     # -- asyncio ---------------------------------------------------------------------------
     async def aaccept(self, token_id: int) -> bool:
         """:meth:`accept` in the runtime's executor (keeps the event loop responsive)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._rt._executor, self.accept, token_id)
+        return await loop.run_in_executor(self._executor, self.accept, token_id)
 
     async def await_ready(self) -> Request:
         """Await the compile without blocking the event loop."""
         if not self._ready_event.is_set():
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._rt._executor, self._ready_event.wait)
+            await loop.run_in_executor(self._executor, self._ready_event.wait)
         return self
 
 

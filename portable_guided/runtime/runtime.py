@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import weakref
@@ -16,7 +17,8 @@ from .compile_service import CompiledGrammar, CompileService
 from .engines import Engine, Matcher
 from .fill_pool import FillPool
 from .metrics import Metrics
-from .request import ReasoningConfig, Request
+from .request import ReasoningConfig, Request, RequestContext
+from .rows import SpecialRows, as_numpy_bitmask
 from .specs import GrammarSpec
 from .tokenizer_info import TokenizerInfo, load_tokenizer_info
 
@@ -29,8 +31,11 @@ __all__ = ["GrammarRuntime"]
 _POOL_MIN_ROW_S = 30e-6
 
 
-def _by_cost(job: tuple[Request, Matcher, int]) -> float:
-    return job[0]._fill_cost
+_Job = tuple[Request, Matcher, int]  # a request, its matcher, its bitmask row
+
+
+def _by_cost(job: _Job) -> float:
+    return job[0].fill_cost_s
 
 
 class GrammarRuntime:
@@ -91,13 +96,12 @@ class GrammarRuntime:
         self._executor = ThreadPoolExecutor(4, thread_name_prefix="pg-runtime")
         self._serials = iter(range(1 << 62))
         self._serial_lock = threading.Lock()
-        words = tokenizer_info.bitmask_words
-        self._stop_row = self._row_of(tokenizer_info.stop_token_ids)
-        valid = np.zeros(words * 32, dtype=np.uint8)
-        valid[: tokenizer_info.tokenizer_vocab_size] = 1
-        valid[list(tokenizer_info.stop_token_ids)] = 0
-        self._no_stop_row = np.packbits(valid, bitorder="little").view(np.int32).copy()
-        self._single_rows: dict[int, np.ndarray] = {}
+        #: The rows no grammar fills (stop tokens only; the reasoning phase).
+        self.special_rows = SpecialRows(tokenizer_info)
+        self._request_context = RequestContext(
+            rows=self.special_rows, metrics=self.metrics_sink, executor=self._executor,
+            next_serial=self._next_serial,
+        )
         self._fill_pools: list[FillPool] = []  # at most one; a list so _shutdown sees it
         self._pool_lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _shutdown, self._service, self._executor,
@@ -146,7 +150,8 @@ class GrammarRuntime:
     ) -> Request:
         """A request constrained by ``spec``; its compile starts now, in the background."""
         self.metrics_sink.inc("requests")
-        return Request(self, self._service.submit(spec), on_error=on_error, reasoning=reasoning)
+        return Request(self._service.submit(spec), self._request_context, on_error=on_error,
+                       reasoning=reasoning)
 
     # -- filling ---------------------------------------------------------------------------
     def fill_bitmask(
@@ -164,87 +169,65 @@ class GrammarRuntime:
         requests allow every token but the stop tokens (or the forced think-end token).
         """
         t0 = time.perf_counter()
-        bm = _as_numpy_bitmask(bitmask, self.bitmask_words)
+        bm = as_numpy_bitmask(bitmask, self.bitmask_words)
         n = len(requests)
-        if rows is None:
-            row_list = list(range(n))
-            if n > bm.shape[0]:
-                raise ValueError(f"{n} requests but the bitmask has only {bm.shape[0]} rows")
-        else:
-            row_list = [int(r) for r in rows]
-            if len(row_list) != n:
-                raise ValueError(f"rows has {len(row_list)} entries for {n} requests")
-            bad = [r for r in row_list if not 0 <= r < bm.shape[0]]
-            if bad:
-                raise ValueError(f"rows {bad[:5]} out of range for a bitmask of {bm.shape[0]} rows")
-            if len(set(row_list)) != n:
-                raise ValueError(f"rows contain duplicates: {row_list}")
-        live = [i for i, r in enumerate(requests) if r is not None and not r.in_prefill]
-        if len(live) > 1:  # locks are taken in one global order, so batches never deadlock
-            live.sort(key=lambda i: requests[i]._serial)  # type: ignore[union-attr]
-        for i, req in enumerate(requests):
+        row_list = _check_rows(rows, n, bm.shape[0])
+        live: list[tuple[Request, int]] = []
+        for req, row in zip(requests, row_list):
             if req is None:
-                bm[row_list[i]] = -1
+                bm[row] = -1
+            elif not req.in_prefill:
+                live.append((req, row))
+        live.sort(key=lambda item: item[0].serial)  # one global lock order: no deadlocks
         # Threads pay off only when the step's masks cost more than the handoff to them (a
         # few hundred us); cheap steps are filled in this thread. Each request's last mask
         # time predicts its next one.
         threaded = self.fill_threads > 1 and len(live) > 1 and sum(
-            requests[i]._fill_cost or self._row_cost for i in live  # type: ignore[union-attr,misc]
+            req.fill_cost_s or self._row_cost for req, _ in live
         ) >= self.parallel_fill_min_s
         # Our pool times each row (so the next batch starts with the costliest) but pays a GIL
         # handoff per row; below ~30 us a row, the engine's own batch call is faster.
         pool_rows = threaded and self._row_cost >= _POOL_MIN_ROW_S
-        pooled: list[tuple[Request, Matcher, int]] = []
+        pooled: list[_Job] = []
         costs: list[float] = []
-        groups: dict[int, tuple[Engine, list[tuple[Request, Matcher, int]]]] = {}
-        locked: list[Any] = []
+        groups: dict[int, tuple[Engine, list[_Job]]] = {}
         n_rows = 0
         perf = time.perf_counter
         t_fill = perf()
-        try:
-            for i in live:
-                req = requests[i]
-                lock = req._lock  # type: ignore[union-attr]
-                lock.acquire()
-                locked.append(lock)
-                matcher = req._plan()  # type: ignore[union-attr]
-                if matcher is None:
-                    req._fill_special(bm, row_list[i])  # type: ignore[union-attr]
-                    continue
+        with contextlib.ExitStack() as held:
+            for req, row in live:
+                held.enter_context(req.fill_lock)
+                matcher = req.fill_target(bm, row)
+                engine = req.engine
+                if matcher is None or engine is None:
+                    continue  # written by fill_target (or left pending)
                 n_rows += 1
-                engine = req._engine  # type: ignore[union-attr]
                 if not threaded:
                     t_row = perf()
-                    matcher.fill(bm, row_list[i])
-                    req._fill_cost = perf() - t_row  # type: ignore[union-attr]
-                elif pool_rows and engine.fill_releases_gil:  # type: ignore[union-attr]
-                    pooled.append((req, matcher, row_list[i]))  # type: ignore[arg-type]
+                    matcher.fill(bm, row)
+                    req.fill_cost_s = perf() - t_row
+                elif pool_rows and engine.fill_releases_gil:
+                    pooled.append((req, matcher, row))
                 else:
-                    group = groups.get(id(engine))
-                    if group is None:
-                        group = groups[id(engine)] = (engine, [])  # type: ignore[assignment]
-                    group[1].append((req, matcher, row_list[i]))  # type: ignore[arg-type,index]
+                    groups.setdefault(id(engine), (engine, []))[1].append((req, matcher, row))
             # Longest first: an expensive mask started last leaves the other threads idle.
             if pooled:
                 pooled.sort(key=_by_cost, reverse=True)
                 costs = self._pool().run([(m, row) for _, m, row in pooled], bm)
                 for (req, _, _), cost in zip(pooled, costs):
-                    req._fill_cost = cost
+                    req.fill_cost_s = cost
             for engine, jobs in groups.values():
                 jobs.sort(key=_by_cost, reverse=True)
                 engine.fill_batch([m for _, m, _ in jobs], bm, [row for _, _, row in jobs])
-            if n_rows:
-                if pooled and not groups:  # the pool's row times are exact
-                    per_row = sum(costs) / len(pooled)
-                else:  # wall time as if on one thread (an upper bound when threaded)
-                    per_row = (perf() - t_fill) / n_rows
-                    if threaded:
-                        per_row *= min(self.fill_threads, n_rows)
-                self._row_cost = per_row if not self._row_cost else (
-                    0.8 * self._row_cost + 0.2 * per_row)
-        finally:
-            for lock in locked:
-                lock.release()
+        if n_rows:
+            if pooled and not groups:  # the pool's row times are exact
+                per_row = sum(costs) / len(pooled)
+            else:  # wall time as if on one thread (an upper bound when threaded)
+                per_row = (perf() - t_fill) / n_rows
+                if threaded:
+                    per_row *= min(self.fill_threads, n_rows)
+            self._row_cost = per_row if not self._row_cost else (
+                0.8 * self._row_cost + 0.2 * per_row)
         self.metrics_sink.record_fill(n, time.perf_counter() - t0)
 
     def _pool(self) -> FillPool:
@@ -263,26 +246,6 @@ class GrammarRuntime:
         """:meth:`fill_bitmask` in the runtime's executor (the event loop stays responsive)."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self.fill_bitmask, requests, bitmask, rows)
-
-    # -- rows ------------------------------------------------------------------------------
-    def _row_of(self, token_ids: Sequence[int]) -> np.ndarray:
-        row = np.zeros(self.bitmask_words, dtype=np.int32)
-        for t in token_ids:
-            row[t >> 5] |= np.int32(np.uint32(1 << (t & 31)).view(np.int32))
-        return row
-
-    def _single_token_row(self, token_id: int) -> np.ndarray:
-        row = self._single_rows.get(token_id)
-        if row is None:
-            row = self._single_rows[token_id] = self._row_of([token_id])
-        return row
-
-    @staticmethod
-    def _write_row(bitmask: Any, row: int, values: np.ndarray) -> None:
-        if isinstance(bitmask, np.ndarray):
-            bitmask[row] = values
-        else:
-            _as_numpy_bitmask(bitmask, values.shape[0])[row] = values
 
     # -- misc ------------------------------------------------------------------------------
     def _next_serial(self) -> int:
@@ -320,19 +283,18 @@ def _shutdown(service: CompileService, executor: ThreadPoolExecutor,
         pool.close()
 
 
-def _as_numpy_bitmask(bitmask: Any, words: int) -> np.ndarray:
-    if isinstance(bitmask, np.ndarray):
-        arr = bitmask
-    elif hasattr(bitmask, "numpy") and hasattr(bitmask, "device"):
-        if bitmask.device.type != "cpu":
-            raise ValueError(f"the bitmask must be on the CPU, got device {bitmask.device}")
-        arr = bitmask.numpy()  # shares memory with the tensor
-    else:
-        raise TypeError(f"bitmask must be a NumPy array or a CPU Torch tensor, got {type(bitmask)}")
-    if arr.dtype != np.int32 or arr.ndim != 2 or arr.shape[1] != words:
-        raise ValueError(
-            f"bitmask must be int32 of shape (rows, {words}), got {arr.dtype} {arr.shape}"
-        )
-    if not arr.flags["C_CONTIGUOUS"]:
-        raise ValueError("bitmask must be C-contiguous")
-    return arr
+def _check_rows(rows: Sequence[int] | None, n: int, capacity: int) -> list[int]:
+    """The bitmask row of each of ``n`` requests (default ``0..n-1``), validated."""
+    if rows is None:
+        if n > capacity:
+            raise ValueError(f"{n} requests but the bitmask has only {capacity} rows")
+        return list(range(n))
+    row_list = [int(r) for r in rows]
+    if len(row_list) != n:
+        raise ValueError(f"rows has {len(row_list)} entries for {n} requests")
+    bad = [r for r in row_list if not 0 <= r < capacity]
+    if bad:
+        raise ValueError(f"rows {bad[:5]} out of range for a bitmask of {capacity} rows")
+    if len(set(row_list)) != n:
+        raise ValueError(f"rows contain duplicates: {row_list}")
+    return row_list

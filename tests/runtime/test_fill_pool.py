@@ -36,6 +36,14 @@ def pool():
     made.close()
 
 
+def _matcher(req):
+    """The matcher a batch fill would use for ``req`` (an active request)."""
+    with req.fill_lock:
+        matcher = req.fill_target(None, 0)
+    assert matcher is not None, "request not active"
+    return matcher
+
+
 def test_rows_equal_single_fills_in_any_order(rt, pool):
     reqs = _requests(rt, 16)
     expected = np.zeros((16, rt.bitmask_words), dtype=np.int32)
@@ -43,7 +51,7 @@ def test_rows_equal_single_fills_in_any_order(rt, pool):
         req.fill(expected, row)
     rows = np.random.default_rng(0).permutation(16)
     got = np.zeros_like(expected)
-    costs = pool.run([(req._matcher, int(row)) for req, row in zip(reqs, rows)], got)
+    costs = pool.run([(_matcher(req), int(row)) for req, row in zip(reqs, rows)], got)
     assert np.array_equal(got[rows], expected)
     assert len(costs) == 16 and all(c > 0 for c in costs)
 
@@ -104,7 +112,7 @@ def test_runtime_orders_each_batch_longest_first_by_last_cost(deepseek, monkeypa
     with GrammarRuntime(deepseek, engine, compile_timeout_s=None, fill_threads=2,
                         parallel_fill_min_us=0.0) as rt:
         reqs = _requests(rt, 8)
-        cls = type(reqs[0]._engine)
+        cls = type(reqs[0].engine)
         real_fill_batch = cls.fill_batch
 
         def spy_fill_batch(self, matchers, bitmask, rows):
@@ -115,7 +123,7 @@ def test_runtime_orders_each_batch_longest_first_by_last_cost(deepseek, monkeypa
         fake_costs = [0.3, 0.1, 0.8, 0.2, 0.7, 0.5, 0.4, 0.6]
         fake_order = sorted(range(8), key=lambda i: -fake_costs[i])
         for req, cost in zip(reqs, fake_costs):
-            req._fill_cost = cost
+            req.fill_cost_s = cost
         bm = rt.allocate_bitmask(8)
         expected = np.zeros_like(bm)
         for row, req in enumerate(reqs):
@@ -129,7 +137,7 @@ def test_runtime_orders_each_batch_longest_first_by_last_cost(deepseek, monkeypa
         bm[:] = 0
         rt.fill_bitmask(reqs, bm)
         assert pooled == [fake_order] and np.array_equal(bm, expected)
-        measured = [req._fill_cost for req in reqs]
+        measured = [req.fill_cost_s for req in reqs]
         assert all(0 < c < 0.1 for c in measured)  # replaced by the real times
         rt.fill_bitmask(reqs, bm)
         assert pooled[-1] == sorted(range(8), key=lambda i: -measured[i])

@@ -32,7 +32,7 @@ def test_padded_ids_always_masked(runtimes, deepseek):
         ids = allowed(bm[0], bm.shape[1] * 32)
         assert ids.size > 1000
         assert ids.max() < deepseek.tokenizer_vocab_size, name
-    assert allowed(runtimes["xgrammar"]._no_stop_row, 129_344).max() < 129_280
+    assert allowed(runtimes["xgrammar"].special_rows.all_but_stop, 129_344).max() < 129_280
 
 
 def test_tokenizer_json_path_and_object_match(deepseek):
