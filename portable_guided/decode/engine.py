@@ -191,24 +191,52 @@ class Generator:
 
     # -- public ---------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
-        """Run every request to completion; outputs in request order. Resets :attr:`stats`."""
+        """Run every request to completion; outputs in request order. Resets :attr:`stats`
+        (the new run's statistics, live while it runs)."""
         if any(r.grammar is not None for r in requests) and self.runtime is None:
             raise ValueError("guided requests need Generator(runtime=...)")
+        run = _Run(self, requests)
+        self.stats = run.stats
+        return run.execute()
+
+
+class _Run:
+    """The state of one :meth:`Generator.generate` call: slots, waiting requests, the two
+    host bitmask buffers and the statistics. Local to the call, so the Generator keeps only
+    its configuration."""
+
+    def __init__(self, gen: Generator, requests: Sequence[GenerationRequest]) -> None:
+        self.runner = gen.runner
+        self.runtime = gen.runtime
+        self.overlap = gen.overlap
+        self.num_draft = gen.num_draft
+        self.draft_branches = gen.draft_branches
+        self.draft = gen.draft
+        self.sampling = gen.sampling
+        self.on_step = gen.on_step
         self.stats = GenerationStats()
-        seqs = [_Seq(r, i) for i, r in enumerate(requests)]
+        self.seqs = [_Seq(r, i) for i, r in enumerate(requests)]
+        self._ring: list[np.ndarray] = []
+        self._ring_next = 0
+        self._free: list[int] = []
+        self._waiting: deque[_Seq] = deque(self.seqs)
+        self._t0 = time.perf_counter()
+        self._max_batch = gen.max_batch
+
+    def execute(self) -> list[GenerationOutput]:
+        """Run every sequence to completion; outputs in request order."""
+        seqs = self.seqs
         if not seqs:
             return []
-        max_len = max(len(r.prompt_ids) + r.max_tokens for r in requests) + self.num_draft + 2
-        slots = min(self.max_batch, len(seqs))
+        max_len = max(len(s.req.prompt_ids) + s.req.max_tokens for s in seqs) + self.num_draft + 2
+        slots = min(self._max_batch, len(seqs))
         self.runner.reset(slots, max_len)
         rows = slots * (self.num_draft + 1)
         words = self.runtime.bitmask_words if self.runtime is not None else 1
         self._ring = [self.runner.host_buffer((rows, words)) for _ in range(2)]
         for buf in self._ring:
             buf.fill(_FILL_ALL)
-        self._ring_next = 0
         self._free = list(range(slots - 1, -1, -1))
-        self._waiting = deque(seqs)
         self._t0 = time.perf_counter()
         step = OverlappedStep(overlap=self.overlap)
         try:
@@ -219,7 +247,7 @@ class Generator:
         finally:
             step.close()
         self.stats.wall_s = time.perf_counter() - self._t0
-        return [s.out for s in seqs]  # type: ignore[misc]
+        return [_finished(s) for s in seqs]
 
     # -- the two loops --------------------------------------------------------------------
     def _run_pipelined(self, step: OverlappedStep) -> None:
@@ -516,3 +544,9 @@ class Generator:
         if s.slot >= 0:
             self._free.append(s.slot)
             s.slot = -1
+
+
+def _finished(s: _Seq) -> GenerationOutput:
+    if s.out is None:  # every loop exits only when no sequence is waiting or running
+        raise RuntimeError(f"request {s.index} did not finish")
+    return s.out

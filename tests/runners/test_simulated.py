@@ -178,3 +178,19 @@ def test_mixed_batch_free_rows_unaffected_and_failures_isolated(sim_runtime):
     for g in short:
         out = outs[g.request_id]
         assert (out.finish_reason, sim_runtime.info.decode(out.token_ids)) == ("stop", "x")
+
+
+def test_a_generator_keeps_no_state_between_runs(sim_runtime, baseline):
+    """Per-run state lives in the run: the same Generator gives the same tokens twice, its
+    attributes are its configuration only, and each run gets its own statistics."""
+    runner = SimulatedRunner(49152, 2, forward_s=0.001)
+    gen = Generator(runner, runtime=sim_runtime, max_batch=8)
+    config = set(vars(gen))
+    first = gen.generate(_requests(sim_runtime))
+    first_stats = gen.stats
+    second = gen.generate(_requests(sim_runtime))
+    runner.close()
+    assert set(vars(gen)) == config
+    assert gen.stats is not first_stats and first_stats.steps > 0
+    for outs in (first, second):
+        assert [o.token_ids for o in outs] == [o.token_ids for o in baseline]
