@@ -19,7 +19,8 @@ from .errors import (
 )
 from .metrics import Metrics
 from .prometheus import RuntimeCollector, register_prometheus
-from .request import ON_ERROR_POLICIES, ReasoningConfig, Request
+from .request import ON_ERROR_POLICIES, ReasoningConfig, Request, RequestContext
+from .rows import SpecialRows
 from .runtime import GrammarRuntime
 from .specs import GrammarSpec
 from .tokenizer_info import TokenizerInfo, load_tiktoken_ranks, load_tokenizer_info
@@ -37,7 +38,9 @@ __all__ = [
     "Metrics",
     "ReasoningConfig",
     "Request",
+    "RequestContext",
     "RuntimeCollector",
+    "SpecialRows",
     "TokenizerInfo",
     "load_tiktoken_ranks",
     "load_tokenizer_info",
