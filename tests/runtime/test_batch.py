@@ -99,3 +99,41 @@ def test_threaded_and_inline_paths_agree(deepseek):
                 rt.fill_bitmask(reqs, bm)  # the second step uses the measured row cost
                 out.append(bm)
     assert np.array_equal(out[0], out[1]) and np.array_equal(out[2], out[3])
+
+
+def _contract_fill(requests, bitmask):
+    """A batching loop an engine could write itself, from the public batch contract only."""
+    jobs = {}
+    ordered = sorted(enumerate(requests), key=lambda item: item[1].serial)
+    locks = [req.fill_lock for _, req in ordered]
+    for lock in locks:
+        lock.acquire()
+    try:
+        for row, req in ordered:
+            matcher = req.fill_target(bitmask, row)
+            if matcher is not None:
+                jobs.setdefault(id(req.engine), (req.engine, []))[1].append((matcher, row))
+        for engine, pairs in jobs.values():
+            engine.fill_batch([m for m, _ in pairs], bitmask, [r for _, r in pairs])
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def test_the_batch_contract_is_enough_for_an_engine_loop(rt):
+    """A loop written against the public contract (serial, fill_lock, fill_target, engine)
+    fills exactly what fill_bitmask fills, failed and thinking rows included."""
+    from portable_guided.runtime import ReasoningConfig
+
+    reqs = _requests(rt, 6)
+    failed = rt.new_request(GrammarSpec.ebnf('root ::= "a" nope')).wait(60)
+    thinking = rt.new_request(SPECS[2], reasoning=ReasoningConfig((7, 8), budget=1)).wait(60)
+    thinking.accept(5)  # one thinking token: the budget now forces token 7
+    batch = [*reqs, failed, thinking]
+    expected = np.zeros((len(batch), rt.bitmask_words), dtype=np.int32)
+    rt.fill_bitmask(batch, expected)
+    got = np.zeros_like(expected)
+    _contract_fill(batch, got)
+    assert np.array_equal(got, expected)
+    assert allowed(got[-1], rt.vocab_size).tolist() == [7]
+    assert allowed(got[-2], rt.vocab_size).tolist() == list(rt.info.stop_token_ids)
