@@ -269,8 +269,11 @@ def run_lane(lane: Lane, *, reinstall: bool = False, install: bool = True,
                         install_seconds=installed - start, counts=parse_pytest_summary(tail))
     if timed_out:
         result.status, result.reason = "failed", f"tests ran past {lane.timeout_minutes:g} min"
-    elif status == 5:
-        result.status, result.reason = "failed", "no test was collected"
+    elif status == 5:  # pytest: no test collected; a lane that tests nothing has failed
+        selection = f"-m {lane.markers!r}" + (f" -k {lane.keywords!r}" if lane.keywords else "")
+        result.status, result.reason = "failed", (
+            f"no test was collected: {selection} in {' '.join(lane.test_paths)} selects nothing "
+            f"in this venv (pytest exit 5); see `python ci/collect.py {lane.name}`")
     elif status:
         result.status, result.reason = "failed", f"pytest exited {status}"
     return result

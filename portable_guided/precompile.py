@@ -24,10 +24,10 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from .buckets import bucket_sizes
-from .registry import get_platform
+from .registry import available_platforms, get_platform
 
 if TYPE_CHECKING:
     import torch
@@ -130,52 +130,16 @@ def _bucket_line(bucket: BucketReport) -> str:
             f"{stats.compile_seconds:10.2f} {cache:>18}")
 
 
-class _XlaRuntime:
-    """torch_xla: persistent cache, device, compile counters, synchronization."""
+class _Runtime(Protocol):
+    """What ``precompile`` needs from a device: a platform's ``precompile`` hook returns one
+    (XLA: ``portable_guided.platforms.xla.XlaPrecompile``); eager devices get
+    :class:`_EagerRuntime`."""
 
-    def __init__(self, cache_dir: str | None) -> None:
-        import torch_xla
-        import torch_xla.runtime as xr
+    def device(self, requested: str | None) -> torch.device: ...
 
-        if cache_dir is not None:
-            if torch_xla._XLAC._xla_computation_cache_is_initialized():
-                active = os.environ.get("XLA_PERSISTENT_CACHE_PATH")
-                if active != cache_dir:
-                    raise RuntimeError(
-                        f"cannot use cache_dir={cache_dir!r}: this process already ran XLA "
-                        f"computations (persistent cache: {active!r}); call precompile() before "
-                        "any other XLA work, or run it in its own process"
-                    )
-            else:
-                os.makedirs(cache_dir, exist_ok=True)
-                xr.initialize_cache(cache_dir, readonly=False)
-        self._torch_xla = torch_xla
+    def stats(self) -> CompileStats | None: ...
 
-    def device(self, requested: str | None) -> torch.device:
-        import torch
-
-        return torch.device(requested) if requested else self._torch_xla.device()
-
-    def stats(self) -> CompileStats:
-        import torch_xla.debug.metrics as met
-
-        def counter(name: str) -> int:
-            return int(met.counter_value(name) or 0)
-
-        compile_time = met.metric_data("CompileTime")
-        return CompileStats(
-            compiles=counter("UncachedCompile"),
-            compile_seconds=(compile_time[1] / 1e9) if compile_time else 0.0,
-            cache_hits=counter("PersistentCacheHit"),
-            cache_misses=counter("PersistentCacheMiss"),
-            cache_load_failures=counter("PersistentCacheDeserializeFailure"),
-        )
-
-    def sync(self) -> None:
-        import torch_xla.core.xla_model as xm
-
-        self._torch_xla.sync()
-        xm.wait_device_ops()
+    def sync(self) -> None: ...
 
 
 class _EagerRuntime:
@@ -185,7 +149,10 @@ class _EagerRuntime:
 
     def __init__(self, cache_dir: str | None, device_type: str) -> None:
         if cache_dir is not None:
-            raise ValueError(f"cache_dir is only supported on xla, got platform device {device_type!r}")
+            raise ValueError(
+                f"cache_dir is only supported on {', '.join(_platforms_with('precompile'))}, "
+                f"got platform device {device_type!r}"
+            )
         self._device_type = device_type
 
     def device(self, requested: str | None) -> torch.device:
@@ -202,6 +169,16 @@ class _EagerRuntime:
         module = getattr(torch, self._device_type, None)
         if module is not None and hasattr(module, "synchronize"):
             module.synchronize()
+
+
+def _platforms_with(hook: str | None = None) -> list[str]:
+    """Names of the static-shape platforms (with that hook, if given)."""
+    names = []
+    for name in available_platforms():
+        spec = get_platform(name)
+        if spec.static_shapes and (hook is None or hook in spec.hooks):
+            names.append(name)
+    return names
 
 
 def _progress(sizes: tuple[int, ...], enabled: bool, stream: TextIO) -> Iterable[int]:
@@ -243,10 +220,11 @@ def precompile(
         vocab: the logits' width (columns), e.g. the model's padded vocabulary. The graphs do
             not depend on the ``vocab_size`` passed to ``apply_token_mask``.
         dtype: the logits' dtype name: ``float32``, ``bfloat16`` or ``float16``.
-        platform: a static-shape platform (``xla``, ``xpu``, ``npu`` or ``static``).
+        platform: a static-shape platform (built in: ``xla``, ``xpu``, ``npu``, ``static``).
         min_bucket: the smallest bucket.
-        cache_dir: persistent compilation cache (XLA); created if missing. Must be given before
-            this process runs any other XLA computation.
+        cache_dir: persistent compilation cache, for platforms with a ``precompile`` hook
+            (XLA); created if missing. Must be given before this process runs any other XLA
+            computation.
         device: device string; default: the platform's device.
         progress: show a progress bar and one line per bucket on ``stream``.
         stream: where progress goes (default ``sys.stderr``).
@@ -267,13 +245,14 @@ def precompile(
     spec = get_platform(platform)
     if not spec.static_shapes:
         raise ValueError(
-            f"precompile applies to static-shape platforms (xla, xpu, npu, static); "
+            f"precompile applies to static-shape platforms ({', '.join(_platforms_with())}); "
             f"{platform!r} uses {spec.strategy!r} and compiles nothing per shape"
         )
     cache = None if cache_dir is None else os.fspath(cache_dir)
-    runtime: _XlaRuntime | _EagerRuntime
-    if "xla" in spec.device_types:
-        runtime = _XlaRuntime(cache)
+    compiled = spec.hook("precompile")  # a device that counts and caches its graphs (XLA)
+    runtime: _Runtime
+    if compiled is not None:
+        runtime = compiled(cache)
     else:
         runtime = _EagerRuntime(cache, (device or next(iter(spec.device_types), "cpu")).split(":")[0])
 

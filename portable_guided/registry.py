@@ -184,7 +184,7 @@ class PlatformRegistry:
             elif platform is not None:
                 chosen = self._get_forced(platform, forced_by)
             else:
-                chosen = self.get(self._device_owners().get(device_type, FALLBACK_PLATFORM))
+                chosen = self.for_device(device_type)
             if not chosen.can_serve(device_type):
                 raise ValueError(
                     f"platform {chosen.name!r} cannot serve logits on {device_type}; it serves "
@@ -195,6 +195,17 @@ class PlatformRegistry:
             )
             self._cache[key] = resolution
             return resolution
+
+    def for_device(self, device_type: str) -> Platform:
+        """The platform that claims ``device_type`` (``static`` for unclaimed devices),
+        ignoring ``platform=`` and ``$PORTABLE_GUIDED_PLATFORM``.
+
+        >>> import portable_guided as pg
+        >>> pg.registry.REGISTRY.for_device("cuda").name
+        'cuda'
+        """
+        with self._lock:
+            return self.get(self._device_owners().get(device_type, FALLBACK_PLATFORM))
 
     def _get_forced(self, name: str, forced_by: str | None) -> Platform:
         if not isinstance(name, str):

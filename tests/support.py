@@ -7,17 +7,24 @@ import importlib.util
 import numpy as np
 import pytest
 
+from portable_guided import get_platform
+from portable_guided._frameworks import dtype_name
+from portable_guided.registry import REGISTRY
+
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_PADDLE = importlib.util.find_spec("paddle") is not None
 HAS_XGRAMMAR = importlib.util.find_spec("xgrammar") is not None
 
 
-def cuda_available() -> bool:
-    if not HAS_TORCH:
-        return False
-    import torch
+def device_missing(platform: str, framework: str) -> str | None:
+    """Why ``framework`` logits cannot go on ``platform``'s device here (the platform's probe),
+    or ``None`` when they can."""
+    return get_platform(platform).probe(framework)
 
-    return torch.cuda.is_available()
+
+def cuda_available() -> bool:
+    """A CUDA/ROCm GPU visible to Torch."""
+    return device_missing("cuda", "torch") is None
 
 
 def frameworks() -> list[str]:
@@ -37,23 +44,26 @@ def framework_params(include_numpy: bool = True) -> list:
 
 
 def make(array: np.ndarray, framework: str, dtype: str | None = None, device: str = "cpu"):
-    """A tensor of ``framework`` holding ``array`` (cast to ``dtype``), on ``device``."""
+    """A tensor of ``framework`` holding ``array`` (cast to ``dtype``), on the device of type
+    ``device`` (put there by the platform that claims it)."""
     dtype = dtype or str(array.dtype)
     if framework == "numpy":
         if device != "cpu":
-            raise ValueError(device)
+            raise ValueError(f"NumPy arrays live on the cpu, not on {device!r}")
         return np.ascontiguousarray(array, dtype=dtype)
+    tensor = REGISTRY.for_device(device).to_device(np.ascontiguousarray(array), framework)
+    return cast(tensor, framework, dtype)
+
+
+def cast(tensor, framework: str, dtype: str):
+    """``tensor`` converted to ``dtype`` (a name: ``bfloat16``...), itself if already so."""
+    if framework == "numpy":
+        return np.ascontiguousarray(tensor, dtype=dtype)
     if framework == "torch":
         import torch
 
-        return torch.from_numpy(np.ascontiguousarray(array)).to(
-            device=device, dtype=getattr(torch, dtype)
-        )
-    import paddle
-
-    place = paddle.CPUPlace() if device == "cpu" else paddle.CUDAPlace(0)
-    tensor = paddle.to_tensor(np.ascontiguousarray(array), place=place)
-    return tensor.astype(dtype) if dtype != str(array.dtype) else tensor
+        return tensor.to(dtype=getattr(torch, dtype))
+    return tensor if dtype_name(tensor, framework) == dtype else tensor.astype(dtype)
 
 
 def to_f32(x) -> np.ndarray:

@@ -10,7 +10,7 @@ import pytest
 
 import portable_guided as pg
 from portable_guided import reference_apply_token_mask as reference
-from tests.support import HAS_PADDLE, cuda_available, make, to_f32
+from tests.support import cuda_available, device_missing, make, to_f32
 
 pytestmark = [
     pytest.mark.cuda,
@@ -19,11 +19,7 @@ pytestmark = [
 
 
 def _paddle_gpu() -> bool:
-    if not HAS_PADDLE:
-        return False
-    import paddle
-
-    return paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+    return device_missing("cuda", "paddle") is None
 
 
 def _case(rng, batch=5, width=50_000, dense_rows=(1,)):

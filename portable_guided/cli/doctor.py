@@ -4,16 +4,20 @@ a self-check of each one against the NumPy reference, with timings."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from .._frameworks import FRAMEWORKS, device_type_of
+
+if TYPE_CHECKING:
+    from ..platform import Platform
 
 __all__ = ["register", "run_checks", "Check"]
 
@@ -56,31 +60,26 @@ def _package_versions() -> dict[str, str | None]:
     return versions
 
 
-def _targets() -> Iterator[tuple[str, str, str | None, Callable[[np.ndarray], Any]]]:
-    """(framework, device, forced platform, numpy -> tensor) for everything usable here."""
-    yield "numpy", "cpu", None, lambda a: a
-    if importlib.util.find_spec("torch"):
-        import torch
+def _targets() -> Iterator[tuple[str, str, Platform, str | None, str | None]]:
+    """(framework, device label, platform, forced platform name, probe error) for every
+    registered platform whose probe finds its device and the framework here, or fails. A
+    platform checked on a device another platform claims (``static`` on the CPU) is forced."""
+    from ..registry import REGISTRY
 
-        yield "torch", "cpu", None, torch.from_numpy
-        yield "torch", "cpu", "static", torch.from_numpy
-        if torch.cuda.is_available():
-            yield "torch", "cuda", None, lambda a: torch.from_numpy(a).cuda()
-        if hasattr(torch, "xpu") and torch.xpu.is_available():
-            yield "torch", "xpu", None, lambda a: torch.from_numpy(a).to("xpu")
-        if importlib.util.find_spec("torch_xla"):
-            import torch_xla
-
-            yield "torch", "xla", None, lambda a: torch.from_numpy(a).to(torch_xla.device())
-    if importlib.util.find_spec("paddle"):
-        import paddle
-
-        yield "paddle", "cpu", None, lambda a: paddle.to_tensor(a, place=paddle.CPUPlace())
-        yield "paddle", "cpu", "static", lambda a: paddle.to_tensor(a, place=paddle.CPUPlace())
-        if paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
-            yield "paddle", "cuda", None, lambda a: paddle.to_tensor(a, place=paddle.CUDAPlace(0))
-        if paddle.device.is_compiled_with_xpu():
-            yield "paddle", "xpu", None, lambda a: paddle.to_tensor(a, place=paddle.XPUPlace(0))
+    platforms = [REGISTRY.get(name) for name in REGISTRY.names()]
+    for framework in FRAMEWORKS:
+        for platform in platforms:
+            if framework not in platform.kernels:
+                continue
+            error = None
+            try:
+                if platform.probe(framework) is not None:
+                    continue  # device or framework not here
+            except Exception as exc:  # noqa: BLE001 - a broken probe is a finding to report
+                error = f"probe failed: {type(exc).__name__}: {exc}"
+            label = next(iter(platform.device_types), "cpu")
+            forced = None if REGISTRY.for_device(label) is platform else platform.name
+            yield framework, label, platform, forced, error
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -89,27 +88,6 @@ def _to_numpy(x: Any) -> np.ndarray:
     if type(x).__module__.startswith("torch"):
         return x.detach().cpu().float().numpy()
     return x.astype("float32").cpu().numpy()
-
-
-def _sync(x: Any) -> None:
-    """Wait for queued device work, so timings measure the apply."""
-    if type(x).__module__.startswith("torch"):
-        device = x.device.type
-        if device == "cuda":
-            import torch
-
-            torch.cuda.synchronize()
-        elif device == "xla":
-            import torch_xla
-
-            torch_xla.sync()
-            import torch_xla.core.xla_model as xm
-
-            xm.wait_device_ops()
-    elif not isinstance(x, np.ndarray) and not x.place.is_cpu_place():
-        import paddle
-
-        paddle.device.synchronize()
 
 
 def run_checks(batch: int = 16, vocab: int = 32_000, seed: int = 0) -> list[Check]:
@@ -132,22 +110,27 @@ def run_checks(batch: int = 16, vocab: int = 32_000, seed: int = 0) -> list[Chec
     timing_mask[:, :: max(1, vocab // 32 // 40)] = 0b1  # about 40 allowed tokens per row
 
     results = []
-    for framework, device, forced, convert in _targets():
+    for framework, device, platform, forced, error in _targets():
+        if error:
+            results.append(Check(framework, device, forced, platform.name, platform.strategy,
+                                 "-", False, error, None))
+            continue
         try:
-            logits = convert(values.copy())
+            logits = platform.to_device(values.copy(), framework)
+            device = device_type_of(logits, framework)
             resolution = pg.resolve(logits, platform=forced)
             pg.apply_token_mask(logits, bitmask, indices=indices, vocab_size=997, platform=forced)
             got = _to_numpy(logits)
             ok = bool(np.array_equal(got, expected))
             detail = "matches reference" if ok else (
                 f"{int((got != expected).sum())} entries differ from the reference")
-            timed = convert(timing_values.copy())
+            timed = platform.to_device(timing_values.copy(), framework)
             samples = []
             for _ in range(7):
-                _sync(timed)
+                platform.synchronize(timed)
                 start = time.perf_counter()
                 pg.apply_token_mask(timed, timing_mask, platform=forced)
-                _sync(timed)
+                platform.synchronize(timed)
                 samples.append(time.perf_counter() - start)
             results.append(Check(framework, device, forced, resolution.platform.name,
                                  resolution.strategy, resolution.kernel_name, ok, detail,

@@ -2,5 +2,7 @@
 
 Every kernel has the signature ``kernel(logits, bitmask, plan) -> logits_or_result`` where
 ``plan`` is the validated :class:`portable_guided.validation.MaskPlan`. Modules import their
-framework at module level, so import them only once chosen (the registry does this).
+framework inside their functions, so importing one pulls in no framework
+(``tests/test_imports.py`` checks every kernel a built-in platform names); the registry imports
+a module only once its platform is chosen.
 """

@@ -8,17 +8,44 @@ the call waits for the device.
 
 from __future__ import annotations
 
+import importlib.util
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from xgrammar.kernels.apply_token_bitmask_inplace_triton import apply_token_bitmask_inplace_triton
 
 from ..dlpack import host_int32, to_torch
 from ..validation import MaskPlan
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["apply_cuda_torch", "apply_cuda_paddle", "PinnedStaging"]
+
+# Torch and xgrammar's Triton kernel are imported on first use, so importing this module stays
+# light. A missing xgrammar or Triton still fails here, when the platform first loads its kernel,
+# so the error carries the platform's install hint (Platform.kernel_for).
+def _require(*modules: str) -> None:
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise ImportError(f"No module named {module!r}", name=module)
+
+
+_require("xgrammar", "triton")
+
+_triton_apply: Any = None
+
+
+def _triton_kernel() -> Any:
+    """xgrammar's in-place Triton kernel (imported once, on the first CUDA apply)."""
+    global _triton_apply
+    if _triton_apply is None:
+        from xgrammar.kernels.apply_token_bitmask_inplace_triton import (
+            apply_token_bitmask_inplace_triton,
+        )
+
+        _triton_apply = apply_token_bitmask_inplace_triton
+    return _triton_apply
 
 
 class PinnedStaging:
@@ -41,6 +68,8 @@ class PinnedStaging:
             return self._to_device(host, device)
 
     def _to_device(self, host: np.ndarray, device: torch.device) -> torch.Tensor:
+        import torch
+
         turn, self._turn = self._turn, self._turn ^ 1
         event = self._events[turn]
         if event is not None:
@@ -80,6 +109,8 @@ def _device_inputs(
 
 
 def _staging_for(device: torch.device) -> PinnedStaging:
+    import torch
+
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _staging.setdefault(index, PinnedStaging())
 
@@ -95,7 +126,7 @@ def apply_cuda_torch(logits: torch.Tensor, bitmask: Any, plan: MaskPlan) -> torc
     mask, rows = _device_inputs(bitmask, plan, logits.device)
     if mask.stride() != (mask.shape[1], 1):
         mask = mask.contiguous()  # the kernel reads the row stride as the row length
-    apply_token_bitmask_inplace_triton(table, mask, plan.vocab_size, rows)
+    _triton_kernel()(table, mask, plan.vocab_size, rows)
     return logits
 
 
@@ -103,6 +134,7 @@ def apply_cuda_paddle(logits: Any, bitmask: Any, plan: MaskPlan) -> Any:
     """Mask Paddle GPU logits in place, in Paddle's memory and on Paddle's current stream;
     returns ``logits``."""
     import paddle
+    import torch
 
     view = to_torch(logits)  # zero-copy
     stream = paddle.device.current_stream(logits.place).stream_base.cuda_stream

@@ -7,16 +7,21 @@ than ``paddle.where``, because Paddle's CPU ``where`` has no float16 or bfloat16
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import paddle
 
 from ..dlpack import host_int32
 from ..validation import MaskPlan
 from .static_common import BIT_VALUES, column_allow_words, device_words, expand_bitmask
 
+if TYPE_CHECKING:
+    import paddle
+
 __all__ = ["apply_static_paddle"]
+
+# Paddle is imported inside the functions, so importing this module stays light; Paddle logits
+# mean Paddle is already imported.
 
 # Signed integer view and the -inf bit pattern per logits dtype.
 _NEG_INF_BITS = {
@@ -30,6 +35,8 @@ _column_bits_cache: dict[tuple[str, int], paddle.Tensor] = {}
 
 def _column_bits(place: Any, width: int) -> paddle.Tensor:
     """Per logits column, its bit's value within its word (int32, length ``width``)."""
+    import paddle
+
     key = (str(place), width)
     if key not in _column_bits_cache:
         _column_bits_cache[key] = paddle.to_tensor(np.resize(BIT_VALUES, width), place=place)
@@ -38,6 +45,8 @@ def _column_bits(place: Any, width: int) -> paddle.Tensor:
 
 def apply_static_paddle(logits: paddle.Tensor, bitmask: Any, plan: MaskPlan) -> paddle.Tensor:
     """Mask ``logits`` in place with static-shape Paddle ops; returns ``logits``."""
+    import paddle
+
     place = logits.place
     table = logits.reshape([plan.batch, plan.width])
     if plan.bitmask_on_host:
@@ -57,6 +66,8 @@ def apply_static_paddle(logits: paddle.Tensor, bitmask: Any, plan: MaskPlan) -> 
 
 
 def _expand_on_device(bitmask: paddle.Tensor, plan: MaskPlan, place: Any) -> paddle.Tensor:
+    import paddle
+
     words = device_words(plan.width)
     mask = bitmask.reshape([plan.bitmask_rows, plan.bitmask_words])[: plan.batch, :words]
     pad_rows, pad_words = plan.batch - mask.shape[0], words - mask.shape[1]

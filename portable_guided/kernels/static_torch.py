@@ -10,25 +10,35 @@ leave the device, and a decode loop whose logits keep the same shape reuses one 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..dlpack import host_int32
+from ..registry import REGISTRY
 from ..validation import MaskPlan, plan_mask
 from .static_common import BIT_VALUES, column_allow_words, device_words, expand_bitmask
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["apply_static_torch", "warmup"]
+
+# Torch is imported inside the functions (a lookup in sys.modules once loaded), so importing
+# this module stays light; Torch logits mean Torch is already imported.
 
 
 @functools.lru_cache(maxsize=64)
 def _column_allow(device: torch.device, vocab_size: int, width: int) -> torch.Tensor:
+    import torch
+
     return torch.from_numpy(column_allow_words(vocab_size, width)).to(device)
 
 
 def apply_static_torch(logits: torch.Tensor, bitmask: Any, plan: MaskPlan) -> torch.Tensor:
     """Mask ``logits`` in place with one static-shape graph; returns ``logits``."""
+    import torch
+
     table = logits.view(plan.batch, plan.width)
     if plan.bitmask_on_host:
         host = torch.from_numpy(expand_bitmask(host_int32(bitmask), plan))
@@ -42,10 +52,14 @@ def apply_static_torch(logits: torch.Tensor, bitmask: Any, plan: MaskPlan) -> to
 @functools.lru_cache(maxsize=64)
 def _column_bits(device: torch.device, width: int) -> torch.Tensor:
     """Per logits column, its bit's value within its word (int32, length ``width``)."""
+    import torch
+
     return torch.from_numpy(np.resize(BIT_VALUES, width)).to(device)
 
 
 def _masked_where(table: torch.Tensor, mask: torch.Tensor) -> None:
+    import torch
+
     rows, width = table.shape
     words = mask.shape[1]
     # Each column reads its word by broadcasting (no gather), then one 2-D bit test: XLA fuses
@@ -58,6 +72,8 @@ def _masked_where(table: torch.Tensor, mask: torch.Tensor) -> None:
 
 def _expand_on_device(bitmask: torch.Tensor, plan: MaskPlan, device: torch.device) -> torch.Tensor:
     """Device-side version of ``expand_bitmask`` for a bitmask already on the device."""
+    import torch
+
     words = device_words(plan.width)
     mask = bitmask.reshape(plan.bitmask_rows, plan.bitmask_words)
     mask = mask[: plan.batch, :words]
@@ -83,19 +99,17 @@ def warmup(
 ) -> None:
     """Run the apply graph once for logits of shape ``(rows, width)``, so a graph-compiled
     device compiles (and caches) it before serving traffic."""
+    import torch
+
     device = torch.device(device)
     # Built on the host and uploaded: created on the device, the zeros would compile a fill
     # graph per bucket on XLA, counted and cached besides the apply graph.
     logits = torch.zeros(rows, width, dtype=dtype).to(device)
     bitmask = torch.full((rows, device_words(width)), -1, dtype=torch.int32)
-    _sync(device)  # the logits become device data, as in a real decode step
+    # A lazy device (XLA) runs what it recorded only when flushed: first the upload, so the
+    # logits become device data as in a real decode step, then the apply graph.
+    platform = REGISTRY.for_device(device.type)
+    platform.flush(logits)
     plan = plan_mask(logits, bitmask, vocab_size=vocab_size)
     apply_static_torch(logits, bitmask, plan)
-    _sync(device)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "xla":
-        import torch_xla
-
-        torch_xla.sync()
+    platform.flush(logits)
