@@ -22,7 +22,7 @@ from .prometheus import RuntimeCollector, register_prometheus
 from .request import ON_ERROR_POLICIES, ReasoningConfig, Request
 from .runtime import GrammarRuntime
 from .specs import GrammarSpec
-from .tokenizer_info import TokenizerInfo, load_tiktoken_ranks, load_tokenizer_info
+from .tokenizer_info import TiktokenVocab, TokenizerInfo, load_tiktoken_ranks, load_tokenizer_info
 
 __all__ = [
     "ON_ERROR_POLICIES",
@@ -38,6 +38,7 @@ __all__ = [
     "ReasoningConfig",
     "Request",
     "RuntimeCollector",
+    "TiktokenVocab",
     "TokenizerInfo",
     "load_tiktoken_ranks",
     "load_tokenizer_info",

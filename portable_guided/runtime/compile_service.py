@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cache import ByteLRUCache, DiskCache, FailureCache
-from .engines import ENGINES, Engine, UnsupportedSpec, create_engine
+from .engines import ENGINES, Engine, UnsupportedSpec, create_engine, engine_class
 from .errors import GrammarCompileError, GrammarTimeout
 from .metrics import Metrics
 from .specs import GrammarSpec
@@ -123,11 +123,9 @@ class CompileService:
                         name, self.info, fill_threads=self._fill_threads)
         return eng
 
-    def _worker_engines(self) -> dict[str, tuple[str, str, Any]]:
-        return {
-            name: (ENGINES[name][0], ENGINES[name][1], self.info.worker_payload(name))
-            for name in self.order if name not in self._in_process
-        }
+    def _worker_engines(self) -> dict[str, Any]:
+        return {name: engine_class(name).tokenizer_payload(self.info)
+                for name in self.order if name not in self._in_process}
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live compile workers (empty without a time limit)."""
@@ -158,10 +156,10 @@ class CompileService:
             fut.set_exception(error)
             return fut
         with self._inflight_lock:
-            fut = self._inflight.get(key)  # type: ignore[assignment]
-            if fut is not None:
+            pending = self._inflight.get(key)
+            if pending is not None:
                 self.metrics.inc("inflight_dedup")
-                return fut
+                return pending
             fut = self._inflight[key] = Future()
             fut.set_running_or_notify_cancel()
         self.metrics.inc("cache_misses")
