@@ -32,7 +32,6 @@ from portable_guided.runtime import (
     GrammarRuntime,
     GrammarSpec,
     GrammarTimeout,
-    compile_service,
     load_tokenizer_info,
 )
 from portable_guided.runtime.engines import ENGINES, engine_class
@@ -68,12 +67,13 @@ def main() -> None:
     raw = WorkerPool(lambda: {engine: engine_class(engine).tokenizer_payload(info)}, size=1)
     now = GrammarRuntime(info, engine, compile_timeout_s=args.timeout, failure_ttl_s=0)
     # The pre-issue-12 path: every engine compiles in a worker.
-    in_process, compile_service.IN_PROCESS_ENGINES = compile_service.IN_PROCESS_ENGINES, frozenset()
+    cls = engine_class(engine)
+    bounded, cls.bounds_own_compile = cls.bounds_own_compile, False
     try:
         before = GrammarRuntime(info, engine, compile_timeout_s=args.timeout, failure_ttl_s=0,
                                 local_recompile_below_s=0.1)
     finally:
-        compile_service.IN_PROCESS_ENGINES = in_process
+        cls.bounds_own_compile = bounded
 
     def run_raw(spec: GrammarSpec) -> float:
         status, text, seconds = raw.run(engine, spec.to_dict(), args.timeout)

@@ -89,6 +89,9 @@ class Engine(ABC):
     #: Whether ``Matcher.fill`` releases the GIL, so the runtime's own threads can fill rows
     #: (timed one by one and ordered longest first); otherwise batches go to :meth:`fill_batch`.
     fill_releases_gil: bool = False
+    #: Whether the engine bounds its own compile work, so it compiles in the calling process
+    #: even under a compile time limit (a worker round trip would cost more than the compile).
+    bounds_own_compile: bool = False
 
     @staticmethod
     @abstractmethod

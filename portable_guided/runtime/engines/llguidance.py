@@ -157,6 +157,9 @@ class LLGuidanceEngine(Engine):
 
     name = "llguidance"
     fill_releases_gil = True  # LLMatcher.unsafe_compute_mask_ptr runs without the GIL
+    # The lexer is built lazily under the parser limits (lexer fuel, grammar size); a MaskBench
+    # compile took at most 9 ms, which a worker round trip would double.
+    bounds_own_compile = True
 
     def __init__(self, lltokenizer: llguidance.LLTokenizer, *, fill_threads: int = 1) -> None:
         import llguidance as llg
@@ -177,7 +180,7 @@ class LLGuidanceEngine(Engine):
 
     @staticmethod
     def tokenizer_payload(info: TokenizerInfo) -> tuple[str, tuple[Any, ...]]:
-        return tokenizer_payload(info)
+        return tokenizer_payload(info)  # the module's function (methods skip class scope)
 
     @classmethod
     def from_payload(cls, payload: Any, *, fill_threads: int = 1) -> LLGuidanceEngine:

@@ -136,7 +136,7 @@ class XGrammarEngine(Engine):
 
     @staticmethod
     def tokenizer_payload(info: TokenizerInfo) -> tuple[str, str]:
-        return tokenizer_payload(info)
+        return tokenizer_payload(info)  # the module's function (methods skip class scope)
 
     @classmethod
     def from_payload(cls, payload: Any, *, fill_threads: int = 1) -> XGrammarEngine:
