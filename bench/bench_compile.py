@@ -2,7 +2,7 @@
 
 For each schema of a seeded sample of the development split (all files), side by side and in
 turn: ``raw`` (the engine's library call alone, timed inside a killable worker process, as
-``raw:`` modes of ``portable_guided.runtime.maskbench``), ``runtime`` (``GrammarRuntime.compile``
+``raw:`` modes of ``portable_guided.harness.maskbench``), ``runtime`` (``GrammarRuntime.compile``
 end to end with the time limit, a cache miss: what the first request of a schema waits) and
 ``runtime-before`` (the same runtime with the settings before issue 12: llguidance through
 the worker, parent recompile below 0.1 s). Percentiles are over the schemas every mode
@@ -26,16 +26,15 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from portable_guided.harness.maskbench import load_records, machine_note
 from portable_guided.runtime import (
     GrammarCompileError,
     GrammarRuntime,
     GrammarSpec,
     GrammarTimeout,
-    compile_service,
     load_tokenizer_info,
 )
-from portable_guided.runtime.engines import ENGINES
-from portable_guided.runtime.maskbench import load_records, machine_note
+from portable_guided.runtime.engines import ENGINES, engine_class
 from portable_guided.runtime.worker import WorkerPool
 
 DATA = "/work/shared/data/maskbench"
@@ -65,16 +64,16 @@ def main() -> None:
     records = records[: args.schemas]
     info = load_tokenizer_info("deepseek")
     engine = args.engine
-    raw = WorkerPool(lambda: {engine: (ENGINES[engine][0], ENGINES[engine][1],
-                                       info.worker_payload(engine))}, size=1)
+    raw = WorkerPool(lambda: {engine: engine_class(engine).tokenizer_payload(info)}, size=1)
     now = GrammarRuntime(info, engine, compile_timeout_s=args.timeout, failure_ttl_s=0)
     # The pre-issue-12 path: every engine compiles in a worker.
-    in_process, compile_service.IN_PROCESS_ENGINES = compile_service.IN_PROCESS_ENGINES, frozenset()
+    cls = engine_class(engine)
+    bounded, cls.bounds_own_compile = cls.bounds_own_compile, False
     try:
         before = GrammarRuntime(info, engine, compile_timeout_s=args.timeout, failure_ttl_s=0,
                                 local_recompile_below_s=0.1)
     finally:
-        compile_service.IN_PROCESS_ENGINES = in_process
+        cls.bounds_own_compile = bounded
 
     def run_raw(spec: GrammarSpec) -> float:
         status, text, seconds = raw.run(engine, spec.to_dict(), args.timeout)

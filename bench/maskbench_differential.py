@@ -16,9 +16,9 @@ import sys
 import time
 from collections import Counter
 
+from portable_guided.harness.differential import compare_engines, disagreements
+from portable_guided.harness.maskbench import load_records
 from portable_guided.runtime import load_tokenizer_info
-from portable_guided.runtime.differential import compare_engines, disagreements
-from portable_guided.runtime.maskbench import load_records
 
 
 def main() -> int:

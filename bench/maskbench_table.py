@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from portable_guided.runtime.maskbench import summary_table
+from portable_guided.harness.maskbench import summary_table
 
 
 def main(argv: list[str]) -> int:

@@ -35,8 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from portable_guided.harness.maskbench import load_records, machine_note
 from portable_guided.runtime import GrammarRuntime, GrammarSpec, load_tokenizer_info
-from portable_guided.runtime.maskbench import load_records, machine_note
 
 DATA = Path(os.environ.get("PORTABLE_GUIDED_MASKBENCH", "/work/shared/data/maskbench"))
 

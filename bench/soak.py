@@ -22,8 +22,8 @@ import random
 import sys
 import time
 
+from portable_guided.harness.maskbench import load_records
 from portable_guided.runtime import GrammarRuntime, GrammarSpec, load_tokenizer_info
-from portable_guided.runtime.maskbench import load_records
 
 DATA = os.environ.get("PORTABLE_GUIDED_MASKBENCH", "/work/shared/data/maskbench")
 FILES = ("Github_easy", "Github_trivial", "Glaiveai2K", "JME", "BFCL_simple", "MCPspec")

@@ -40,14 +40,14 @@ def register(subparsers: Any) -> None:
 
 
 def _run_maskbench(args: argparse.Namespace) -> int:
-    from portable_guided.runtime import load_tokenizer_info
-    from portable_guided.runtime.maskbench import (
+    from portable_guided.harness.maskbench import (
         MODES,
         load_records,
         machine_note,
         run_mode,
         summary_table,
     )
+    from portable_guided.runtime import load_tokenizer_info
 
     modes = [f"runtime:{e.strip()}" for e in args.engine.split(",") if e.strip()]
     modes += [f"raw:{e.strip()}" for e in args.raw.split(",") if e.strip()]

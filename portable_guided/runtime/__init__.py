@@ -23,7 +23,7 @@ from .request import ON_ERROR_POLICIES, ReasoningConfig, Request, RequestContext
 from .rows import SpecialRows
 from .runtime import GrammarRuntime
 from .specs import GrammarSpec
-from .tokenizer_info import TokenizerInfo, load_tiktoken_ranks, load_tokenizer_info
+from .tokenizer_info import TiktokenVocab, TokenizerInfo, load_tiktoken_ranks, load_tokenizer_info
 
 __all__ = [
     "ON_ERROR_POLICIES",
@@ -41,6 +41,7 @@ __all__ = [
     "RequestContext",
     "RuntimeCollector",
     "SpecialRows",
+    "TiktokenVocab",
     "TokenizerInfo",
     "load_tiktoken_ranks",
     "load_tokenizer_info",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cache import ByteLRUCache, DiskCache, FailureCache
-from .engines import ENGINES, Engine, UnsupportedSpec, create_engine
+from .engines import ENGINES, Engine, UnsupportedSpec, create_engine, engine_class
 from .errors import GrammarCompileError, GrammarTimeout
 from .metrics import Metrics
 from .specs import GrammarSpec
@@ -25,11 +25,6 @@ log = logging.getLogger(__name__)
 
 #: Bumped whenever the meaning of a cached grammar changes (part of the disk cache key).
 RUNTIME_CACHE_VERSION = "2"  # 2: checksummed entries
-
-#: Engines that bound their own compile work, so they compile in this process even with a
-#: time limit: llguidance builds its lexer lazily under its parser limits (lexer fuel, grammar
-#: size), and a MaskBench compile took at most 9 ms. A worker round trip would double that.
-IN_PROCESS_ENGINES = frozenset({"llguidance"})
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
 #: receiving the worker's serialized grammar. Kept at 0.1 s by measurement (xgrammar 0.2.8,
@@ -60,9 +55,9 @@ class CompileService:
     """Compiles specs in the background for one tokenizer.
 
     With ``timeout_s`` set, every compile of an engine that does not bound its own work
-    (xgrammar) runs in a worker process that is killed at the deadline; engines in
-    :data:`IN_PROCESS_ENGINES` and every engine with ``timeout_s=None`` compile in threads of
-    this process.
+    (xgrammar) runs in a worker process that is killed at the deadline; engines whose
+    ``Engine.bounds_own_compile`` is set (llguidance) and every engine with ``timeout_s=None``
+    compile in threads of this process.
     """
 
     def __init__(
@@ -103,9 +98,10 @@ class CompileService:
         self._inflight: dict[str, Future[CompiledGrammar]] = {}
         self._inflight_lock = threading.Lock()
         self._threads = ThreadPoolExecutor(max(2, workers + 1), thread_name_prefix="pg-compile")
-        self._in_process = IN_PROCESS_ENGINES
+        self._in_process = frozenset(
+            name for name in self.order if engine_class(name).bounds_own_compile)
         self._pool: WorkerPool | None = None
-        if timeout_s is not None and not set(self.order) <= IN_PROCESS_ENGINES:
+        if timeout_s is not None and not set(self.order) <= self._in_process:
             self._pool = WorkerPool(
                 self._worker_engines, size=workers, local_below_s=local_below_s,
                 on_kill=lambda: self.metrics.inc("workers_killed"),
@@ -123,11 +119,9 @@ class CompileService:
                         name, self.info, fill_threads=self._fill_threads)
         return eng
 
-    def _worker_engines(self) -> dict[str, tuple[str, str, Any]]:
-        return {
-            name: (ENGINES[name][0], ENGINES[name][1], self.info.worker_payload(name))
-            for name in self.order if name not in self._in_process
-        }
+    def _worker_engines(self) -> dict[str, Any]:
+        return {name: engine_class(name).tokenizer_payload(self.info)
+                for name in self.order if name not in self._in_process}
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live compile workers (empty without a time limit)."""
@@ -158,10 +152,10 @@ class CompileService:
             fut.set_exception(error)
             return fut
         with self._inflight_lock:
-            fut = self._inflight.get(key)  # type: ignore[assignment]
-            if fut is not None:
+            pending = self._inflight.get(key)
+            if pending is not None:
                 self.metrics.inc("inflight_dedup")
-                return fut
+                return pending
             fut = self._inflight[key] = Future()
             fut.set_running_or_notify_cancel()
         self.metrics.inc("cache_misses")

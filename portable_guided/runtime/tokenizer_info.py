@@ -13,14 +13,14 @@ import hashlib
 import importlib.util
 import os
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    import llguidance
-    import xgrammar
-
-__all__ = ["NAMED_TOKENIZERS", "TokenizerInfo", "load_tokenizer_info"]
+__all__ = [
+    "NAMED_TOKENIZERS", "TiktokenVocab", "TokenizerInfo", "load_tiktoken_ranks",
+    "load_tokenizer_info",
+]
 
 #: Short names for the tokenizers that installed packages ship (see docs/runtime.md).
 NAMED_TOKENIZERS = {
@@ -32,13 +32,30 @@ NAMED_TOKENIZERS = {
 _LOADED: dict[tuple[str, int | None], TokenizerInfo] = {}
 _LOADED_LOCK = threading.Lock()
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, eq=False)  # eq: never compare 150k-entry dicts by accident
+class TiktokenVocab:
+    """A tiktoken-style vocabulary: byte-string ranks, special tokens and the pre-tokenizer
+    regex. Treat the mappings as read-only (the engines' tokenizer objects are built from
+    them once)."""
+
+    #: Token bytes -> id, for the ordinary (mergeable) tokens.
+    ranks: Mapping[bytes, int]
+    #: Special token text -> id.
+    special_tokens: Mapping[str, int]
+    #: The pre-tokenizer regex.
+    pattern: str
+
 
 class TokenizerInfo:
     """A tokenizer as the grammar engines need it, plus the model's vocabulary width.
 
-    Build one with :func:`load_tokenizer_info`. Engine-specific objects (``xgrammar()``,
-    ``llguidance()``) are created on first use and cached; ``worker_payload(engine)`` gives a
-    picklable description from which a compile worker process rebuilds them.
+    Build one with :func:`load_tokenizer_info`. It knows no grammar engine: it exposes the
+    tokenizer's data (:attr:`hf_tokenizer` and :attr:`hf_tokenizer_json`, or
+    :attr:`tiktoken`), and each engine module turns that into its own tokenizer object,
+    keeping it in this info's :meth:`cached` store so it is built once.
     """
 
     def __init__(
@@ -51,25 +68,33 @@ class TokenizerInfo:
         stop_token_ids: Sequence[int],
         fingerprint: str,
         hf_tokenizer: Any = None,
-        tiktoken: dict[str, Any] | None = None,
+        hf_tokenizer_json: str | None = None,
+        tiktoken: TiktokenVocab | None = None,
     ) -> None:
         if vocab_size < tokenizer_vocab_size:
             raise ValueError(
                 f"vocab_size={vocab_size} is smaller than the tokenizer's vocabulary "
                 f"({tokenizer_vocab_size} ids); the model width must cover every token id"
             )
-        self.name = name
-        self.kind = kind
-        self.vocab_size = int(vocab_size)
-        self.tokenizer_vocab_size = int(tokenizer_vocab_size)
-        self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
-        self.fingerprint = fingerprint
+        if (hf_tokenizer is None) == (tiktoken is None):
+            raise ValueError(
+                "give exactly one of hf_tokenizer and tiktoken, got "
+                f"hf_tokenizer={type(hf_tokenizer).__name__}, "
+                f"tiktoken={type(tiktoken).__name__}"
+            )
+        self._name = name
+        self._kind = kind
+        self._vocab_size = int(vocab_size)
+        self._tokenizer_vocab_size = int(tokenizer_vocab_size)
+        self._stop_token_ids = tuple(int(t) for t in stop_token_ids)
+        self._fingerprint = fingerprint
         self._hf = hf_tokenizer
         self._tiktoken = tiktoken
         self._lock = threading.Lock()
-        self._xgr: xgrammar.TokenizerInfo | None = None
-        self._llg: llguidance.LLTokenizer | None = None
-        self._tiktoken_enc: Any = None
+        self._cache: dict[str, Any] = {}
+        self._key_locks: dict[str, threading.Lock] = {}
+        if hf_tokenizer_json is not None:
+            self._cache["hf_tokenizer_json"] = hf_tokenizer_json
 
     def __repr__(self) -> str:
         return (
@@ -78,10 +103,82 @@ class TokenizerInfo:
             f"stop_token_ids={list(self.stop_token_ids)})"
         )
 
+    # -- data ----------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """A short name for logs (the named tokenizer, or the file name)."""
+        return self._name
+
+    @property
+    def kind(self) -> str:
+        """``"hf"`` (a Hugging Face fast tokenizer) or ``"tiktoken"`` (ranks file)."""
+        return self._kind
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary width: every bitmask covers this many ids."""
+        return self._vocab_size
+
+    @property
+    def tokenizer_vocab_size(self) -> int:
+        """The tokenizer's own vocabulary size (ids at or past it are always masked)."""
+        return self._tokenizer_vocab_size
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """The end tokens a finished grammar accepts."""
+        return self._stop_token_ids
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of everything a compiled grammar depends on (part of the disk cache key)."""
+        return self._fingerprint
+
     @property
     def bitmask_words(self) -> int:
         """Number of int32 words per bitmask row: ``ceil(vocab_size / 32)``."""
         return (self.vocab_size + 31) // 32
+
+    @property
+    def hf_tokenizer(self) -> Any:
+        """The Hugging Face fast tokenizer object, or None for a tiktoken vocabulary."""
+        return self._hf
+
+    @property
+    def hf_tokenizer_json(self) -> str | None:
+        """The Hugging Face tokenizer's ``tokenizer.json`` text with padding and truncation
+        off (what the engines load), or None for a tiktoken vocabulary."""
+        hf = self._hf
+        if hf is None:
+            return None
+        return self.cached("hf_tokenizer_json", lambda: _tokenizer_json(hf))
+
+    @property
+    def tiktoken(self) -> TiktokenVocab | None:
+        """The tiktoken ranks, special tokens and pattern, or None for a Hugging Face
+        tokenizer."""
+        return self._tiktoken
+
+    # -- per-info cache ------------------------------------------------------------------
+    def cached(self, key: str, build: Callable[[], T]) -> T:
+        """The object stored under ``key``, built by ``build()`` on first use.
+
+        Thread-safe; ``build`` runs once per key (concurrent callers of the same key wait
+        for it; other keys build in parallel). A ``build`` that raises stores nothing.
+        Engine modules keep their tokenizer objects here, under keys named after the engine.
+
+        >>> info.cached("myengine.tokenizer", lambda: build_tokenizer(info))  # doctest: +SKIP
+        """
+        try:
+            return self._cache[key]
+        except KeyError:
+            pass
+        with self._lock:
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            if key not in self._cache:
+                self._cache[key] = build()
+            return self._cache[key]
 
     # -- text ----------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -97,109 +194,28 @@ class TokenizerInfo:
         return str(self._tiktoken_encoding().decode(list(ids)))
 
     def _tiktoken_encoding(self) -> Any:
-        import tiktoken
-
-        with self._lock:
-            if self._tiktoken_enc is None:
-                t = self._tiktoken
-                assert t is not None
-                self._tiktoken_enc = tiktoken.Encoding(
-                    name=self.name,
-                    pat_str=t["pattern"],
-                    mergeable_ranks=t["ranks"],
-                    special_tokens=t["special_tokens"],
-                    explicit_n_vocab=None,
-                )
-            return self._tiktoken_enc
-
-    # -- engine objects ------------------------------------------------------------------
-    def worker_payload(self, engine: str) -> tuple[str, Any]:
-        """A picklable description from which ``engine``'s tokenizer object is rebuilt."""
-        if engine == "xgrammar":
-            return ("xgrammar-json", self.xgrammar().serialize_json())
-        if engine == "llguidance":
-            return self._llguidance_payload()
-        raise ValueError(f"unknown engine {engine!r}; known: xgrammar, llguidance")
-
-    def xgrammar(self) -> xgrammar.TokenizerInfo:
-        """The ``xgrammar.TokenizerInfo`` for this tokenizer (built once)."""
-        with self._lock:
-            if self._xgr is None:
-                self._xgr = _build_xgrammar_info(self)
-            return self._xgr
-
-    def llguidance(self) -> llguidance.LLTokenizer:
-        """The ``llguidance.LLTokenizer`` for this tokenizer (built once)."""
-        with self._lock:
-            if self._llg is None:
-                self._llg = llguidance_tokenizer_from_payload(self._llguidance_payload())
-            return self._llg
-
-    def _llguidance_payload(self) -> tuple[str, Any]:
-        if self._hf is not None:
-            return ("hf-json", (self._hf_json(), self.vocab_size, list(self.stop_token_ids)))
         t = self._tiktoken
-        assert t is not None
-        return (
-            "tiktoken",
-            (t["ranks"], t["special_tokens"], t["pattern"], self.vocab_size,
-             list(self.stop_token_ids)),
-        )
+        if t is None:  # unreachable: the constructor requires one of the two
+            raise RuntimeError(f"{self!r} has neither a Hugging Face nor a tiktoken vocabulary")
 
-    def _hf_json(self) -> str:
-        from copy import copy
+        def build() -> Any:
+            import tiktoken
 
-        backend = copy(self._hf.backend_tokenizer)
-        backend.no_padding()
-        backend.no_truncation()
-        return str(backend.to_str())
+            return tiktoken.Encoding(
+                name=self.name, pat_str=t.pattern, mergeable_ranks=dict(t.ranks),
+                special_tokens=dict(t.special_tokens), explicit_n_vocab=None,
+            )
+
+        return self.cached("tiktoken.encoding", build)
 
 
-def xgrammar_info_from_payload(payload: tuple[str, Any]) -> xgrammar.TokenizerInfo:
-    """Rebuild an ``xgrammar.TokenizerInfo`` from ``TokenizerInfo.worker_payload``."""
-    import xgrammar as xgr
+def _tokenizer_json(hf_tokenizer: Any) -> str:
+    from copy import copy
 
-    kind, data = payload
-    if kind != "xgrammar-json":
-        raise ValueError(f"not an xgrammar tokenizer payload: {kind!r}")
-    return xgr.TokenizerInfo.deserialize_json(data)
-
-
-def llguidance_tokenizer_from_payload(payload: tuple[str, Any]) -> llguidance.LLTokenizer:
-    """Rebuild an ``llguidance.LLTokenizer`` from ``TokenizerInfo.worker_payload``."""
-    import llguidance as llg
-
-    kind, data = payload
-    if kind == "hf-json":
-        text, n_vocab, stops = data
-        return llg.LLTokenizer(text, n_vocab=n_vocab, eos_token=stops)
-    if kind == "tiktoken":
-        ranks, special, pattern, n_vocab, stops = data
-        return llg.LLTokenizer.from_tiktoken(
-            encoder=ranks, special_tokens=special, pattern=pattern,
-            eos_token=stops, n_vocab=n_vocab,
-        )
-    raise ValueError(f"not an llguidance tokenizer payload: {kind!r}")
-
-
-def _build_xgrammar_info(info: TokenizerInfo) -> xgrammar.TokenizerInfo:
-    import xgrammar as xgr
-
-    if info._hf is not None:
-        return xgr.TokenizerInfo.from_huggingface(
-            info._hf, vocab_size=info.vocab_size, stop_token_ids=list(info.stop_token_ids)
-        )
-    t = info._tiktoken
-    assert t is not None
-    vocab: list[bytes] = [b""] * info.tokenizer_vocab_size
-    for token, rank in t["ranks"].items():
-        vocab[rank] = token
-    for text, tid in t["special_tokens"].items():
-        vocab[tid] = text.encode()
-    return xgr.TokenizerInfo(
-        vocab, xgr.VocabType.RAW, vocab_size=info.vocab_size,
-        stop_token_ids=list(info.stop_token_ids),
-    )
+    backend = copy(hf_tokenizer.backend_tokenizer)
+    backend.no_padding()
+    backend.no_truncation()
+    return str(backend.to_str())
 
 
 # -- loading -------------------------------------------------------------------------------
@@ -268,7 +284,8 @@ def _with_stops(info: TokenizerInfo, stops: tuple[int, ...]) -> TokenizerInfo:
     return TokenizerInfo(
         name=info.name, kind=info.kind, vocab_size=info.vocab_size,
         tokenizer_vocab_size=info.tokenizer_vocab_size, stop_token_ids=stops,
-        fingerprint=fingerprint, hf_tokenizer=info._hf, tiktoken=info._tiktoken,
+        fingerprint=fingerprint, hf_tokenizer=info.hf_tokenizer,
+        hf_tokenizer_json=info.hf_tokenizer_json, tiktoken=info.tiktoken,
     )
 
 
@@ -325,26 +342,29 @@ def _from_tokenizer_json(path: str, *, name: str, vocab_size: int | None) -> Tok
 
 def _from_hf(tok: Any, *, name: str, vocab_size: int | None) -> TokenizerInfo:
     n_tok = max(len(tok), int(getattr(tok, "vocab_size", 0) or 0))
-    stops: list[int]
-    if tok.eos_token_id is not None:
-        stops = [int(tok.eos_token_id)]
-    else:
-        import warnings
-
-        import xgrammar as xgr
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            stops = list(xgr.TokenizerInfo.from_huggingface(tok).stop_token_ids)
-    digest = hashlib.sha256()
-    info = TokenizerInfo(
-        name=name, kind="hf", vocab_size=vocab_size or n_tok, tokenizer_vocab_size=n_tok,
-        stop_token_ids=stops, fingerprint="", hf_tokenizer=tok,
+    stops = [int(tok.eos_token_id)] if tok.eos_token_id is not None else _detect_stops(tok)
+    text = _tokenizer_json(tok)
+    width = vocab_size or n_tok
+    digest = hashlib.sha256(text.encode())
+    digest.update(f"|{width}|{stops}".encode())
+    return TokenizerInfo(
+        name=name, kind="hf", vocab_size=width, tokenizer_vocab_size=n_tok,
+        stop_token_ids=stops, fingerprint=digest.hexdigest(), hf_tokenizer=tok,
+        hf_tokenizer_json=text,
     )
-    digest.update(info._hf_json().encode())
-    digest.update(f"|{info.vocab_size}|{stops}".encode())
-    info.fingerprint = digest.hexdigest()
-    return info
+
+
+# End-of-text token names that mark stop tokens when the tokenizer names no EOS token: the
+# set the default engine's own detection uses (LLaMA 2/3, Phi-2, Gemma, DeepSeek), so the
+# stop tokens, and hence fingerprints and cache keys, did not change when it moved here.
+_DETECTED_STOP_TOKENS = frozenset({
+    "</s>", "<|end_of_text|>", "<|eot_id|>", "<|endoftext|>", "<eos>", "<|eos|>",
+    "<end_of_turn>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
+})
+
+
+def _detect_stops(tok: Any) -> list[int]:
+    return sorted(int(i) for t, i in tok.get_vocab().items() if t in _DETECTED_STOP_TOKENS)
 
 
 def load_tiktoken_ranks(
@@ -390,7 +410,7 @@ def load_tiktoken_ranks(
         tokenizer_vocab_size=n_tok,
         stop_token_ids=[special_tokens[s] for s in stop_tokens],
         fingerprint=digest.hexdigest(),
-        tiktoken={"ranks": ranks, "special_tokens": special_tokens, "pattern": pattern},
+        tiktoken=TiktokenVocab(ranks=ranks, special_tokens=special_tokens, pattern=pattern),
     )
 
 

@@ -9,7 +9,6 @@ ship), only the news that the spec compiles fast, and the parent compiles it its
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import logging
 import os
@@ -43,8 +42,8 @@ def main() -> None:
     rfd, wfd = int(sys.argv[1]), int(sys.argv[2])
     _die_with_parent()
     conn = _Duplex(Connection(rfd, writable=False), Connection(wfd, readable=False))
-    engines_spec, local_below_s = conn.recv()
-    _serve(conn, engines_spec, local_below_s)
+    payloads, local_below_s = conn.recv()
+    _serve(conn, payloads, local_below_s)
 
 
 def _die_with_parent() -> None:
@@ -88,15 +87,12 @@ class _Duplex:
         self._w.close()
 
 
-def _serve(conn: Any, engines_spec: dict[str, tuple[str, str, Any]],
-           local_below_s: float) -> None:
-    from .engines.base import UnsupportedSpec
+def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
+    from .engines import UnsupportedSpec, engine_class
     from .specs import GrammarSpec
 
-    engines = {
-        name: getattr(importlib.import_module(module), cls).from_payload(payload)
-        for name, (module, cls, payload) in engines_spec.items()
-    }
+    engines = {name: engine_class(name).from_payload(payload)
+               for name, payload in payloads.items()}
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -161,14 +157,15 @@ def _start_worker() -> _Worker:
 class WorkerPool:
     """A fixed number of compile worker processes, each able to run every engine.
 
-    ``engines_spec`` is a callable returning ``{engine: (module, class, payload)}``; it is
-    called once, in a background thread, when the first worker starts (building the
-    payloads takes a moment), so constructing the pool never blocks.
+    ``engines_spec`` is a callable returning ``{engine name: tokenizer payload}`` (the
+    payload from ``engine_class(name).tokenizer_payload(info)``); it is called once, in a
+    background thread, when the first worker starts (building the payloads takes a moment),
+    so constructing the pool never blocks.
     """
 
     def __init__(
         self,
-        engines_spec: Callable[[], dict[str, tuple[str, str, Any]]],
+        engines_spec: Callable[[], dict[str, Any]],
         *,
         size: int = 1,
         local_below_s: float = 0.1,
@@ -179,7 +176,7 @@ class WorkerPool:
             raise ValueError(f"compile worker pool size must be >= 1, got {size}")
         self.size = size
         self._spec_fn = engines_spec
-        self._spec: dict[str, tuple[str, str, Any]] | None = None
+        self._spec: dict[str, Any] | None = None
         self._spec_lock = threading.Lock()
         self._local_below_s = local_below_s
         self._start_timeout_s = start_timeout_s

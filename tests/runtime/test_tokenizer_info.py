@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import json
 import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from runtime_helpers import allowed
 
-from portable_guided.runtime import GrammarRuntime, GrammarSpec, load_tokenizer_info
+from portable_guided.runtime import (
+    GrammarRuntime,
+    GrammarSpec,
+    TiktokenVocab,
+    TokenizerInfo,
+    load_tokenizer_info,
+    tokenizer_info,
+)
 
 
 def test_deepseek_shape(deepseek):
@@ -134,3 +146,68 @@ def test_stop_token_ids_are_checked():
         load_tokenizer_info("deepseek", stop_token_ids=[1, 999_999])
     with pytest.raises(TypeError, match="sequence of ints"):
         load_tokenizer_info("deepseek", stop_token_ids=5)
+
+
+# -- engine-neutral data and the per-info cache ------------------------------------------------
+def _tiny_info() -> TokenizerInfo:
+    vocab = TiktokenVocab(ranks={b"a": 0, b"b": 1}, special_tokens={"<|endoftext|>": 2},
+                          pattern=r"\S+")
+    return TokenizerInfo(name="tiny", kind="tiktoken", vocab_size=64, tokenizer_vocab_size=3,
+                         stop_token_ids=[2], fingerprint="f", tiktoken=vocab)
+
+
+def test_tokenizer_info_names_no_engine():
+    # Engine knowledge lives in runtime/engines/<engine>.py; this module only holds data.
+    source = inspect.getsource(tokenizer_info).lower()
+    assert "xgrammar" not in source and "llguidance" not in source
+
+
+def test_neutral_data(deepseek):
+    spec = json.loads(deepseek.hf_tokenizer_json)
+    assert spec["padding"] is None and spec["truncation"] is None  # what the engines load
+    assert deepseek.hf_tokenizer is not None and deepseek.tiktoken is None
+    assert deepseek.hf_tokenizer_json is deepseek.hf_tokenizer_json  # built once
+    tiny = _tiny_info()
+    assert tiny.hf_tokenizer is None and tiny.hf_tokenizer_json is None
+    assert tiny.tiktoken is not None and tiny.tiktoken.ranks[b"b"] == 1
+    for attr in ("name", "vocab_size", "stop_token_ids", "fingerprint", "hf_tokenizer",
+                 "tiktoken"):
+        with pytest.raises(AttributeError):
+            setattr(deepseek, attr, None)
+
+
+def test_constructor_wants_exactly_one_vocabulary():
+    with pytest.raises(ValueError, match="exactly one of hf_tokenizer and tiktoken"):
+        TokenizerInfo(name="x", kind="hf", vocab_size=4, tokenizer_vocab_size=4,
+                      stop_token_ids=[0], fingerprint="f")
+
+
+def test_cached_builds_once_per_key_across_threads():
+    info = _tiny_info()
+    calls: list[str] = []
+    gate = threading.Event()
+
+    def build(key: str) -> object:
+        gate.wait(5)  # every thread is inside cached() before the first build returns
+        calls.append(key)
+        return object()
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(info.cached, k, lambda k=k: build(k)) for k in ["a", "b"] * 4]
+        time.sleep(0.1)
+        gate.set()
+        results = [f.result(10) for f in futures]
+    assert sorted(calls) == ["a", "b"]
+    assert len({id(r) for r in results[0::2]}) == 1 and len({id(r) for r in results[1::2]}) == 1
+    assert results[0] is not results[1]
+
+
+def test_cached_stores_nothing_when_the_build_raises():
+    info = _tiny_info()
+
+    def fail() -> object:
+        raise RuntimeError("no")
+
+    with pytest.raises(RuntimeError, match="no"):
+        info.cached("k", fail)
+    assert info.cached("k", lambda: 7) == 7

@@ -1,15 +1,23 @@
 """Grammar engines behind one strategy interface (engine strategy x device platform).
 
 Engines are looked up by name; their modules (and the engine libraries) are imported only
-when an engine is first used.
+when an engine is first used. Everything engine-specific lives in the engine's module: the
+compile and fill calls, and the conversion of a
+:class:`~portable_guided.runtime.TokenizerInfo` into the library's tokenizer object and into
+the payload a compile worker rebuilds it from. Callers go through :class:`Engine`
+(``engine_class(name).tokenizer_payload(info)``, ``.from_payload(payload)``,
+``.create(info)``) and never branch on an engine's name.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .base import Engine, Matcher, UnsupportedSpec
+
+if TYPE_CHECKING:
+    from ..tokenizer_info import TokenizerInfo
 
 __all__ = ["ENGINES", "Engine", "Matcher", "UnsupportedSpec", "create_engine", "engine_class"]
 
@@ -33,8 +41,6 @@ def engine_class(name: str) -> type[Engine]:
         raise ImportError(f"the {name} engine needs `pip install {package}`: {exc}") from exc
 
 
-def create_engine(name: str, info: Any, *, fill_threads: int = 1) -> Engine:
-    """An engine for tokenizer ``info`` (a :class:`TokenizerInfo`) in this process."""
-    cls = engine_class(name)
-    native = info.xgrammar() if name == "xgrammar" else info.llguidance()
-    return cls(native, fill_threads=fill_threads)  # type: ignore[call-arg]
+def create_engine(name: str, info: TokenizerInfo, *, fill_threads: int = 1) -> Engine:
+    """The engine ``name`` for tokenizer ``info`` in this process."""
+    return engine_class(name).create(info, fill_threads=fill_threads)

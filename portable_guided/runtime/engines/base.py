@@ -4,6 +4,11 @@ An :class:`Engine` compiles specs for one tokenizer and fills bitmasks for many 
 once; a :class:`Matcher` is one request's position in a compiled grammar. Both engines write
 the same int32 bitmask layout (bit j of word k set = token 32k+j allowed), so everything
 downstream is engine-agnostic.
+
+Each engine also owns the conversion of a :class:`~portable_guided.runtime.TokenizerInfo`
+into its library's tokenizer object (:meth:`Engine.create`), and the picklable payload from
+which a compile worker process rebuilds it (:meth:`Engine.tokenizer_payload`,
+:meth:`Engine.from_payload`).
 """
 
 from __future__ import annotations
@@ -13,11 +18,14 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..specs import GrammarSpec
 
-__all__ = ["Engine", "Matcher", "UnsupportedSpec", "package_version"]
+if TYPE_CHECKING:
+    from ..tokenizer_info import TokenizerInfo
+
+__all__ = ["Engine", "Matcher", "UnsupportedSpec", "foreign_matcher", "package_version"]
 
 
 @functools.cache
@@ -33,6 +41,13 @@ def package_version(distribution: str, module: str | None = None) -> str:
             raise RuntimeError(f"cannot tell the version of {distribution}: no package "
                                "metadata and no __version__") from None
         return str(found)
+
+
+def foreign_matcher(engine: str, matcher: object) -> NoReturn:
+    """Raise the TypeError for a matcher that ``engine`` did not make (a batch fill reads
+    each matcher's library object, which only the engine's own matcher class holds)."""
+    raise TypeError(f"the {engine} engine cannot fill a {type(matcher).__name__}: a matcher "
+                    "made by another engine was passed to its fill_batch")
 
 
 class UnsupportedSpec(Exception):
@@ -74,6 +89,9 @@ class Engine(ABC):
     #: Whether ``Matcher.fill`` releases the GIL, so the runtime's own threads can fill rows
     #: (timed one by one and ordered longest first); otherwise batches go to :meth:`fill_batch`.
     fill_releases_gil: bool = False
+    #: Whether the engine bounds its own compile work, so it compiles in the calling process
+    #: even under a compile time limit (a worker round trip would cost more than the compile).
+    bounds_own_compile: bool = False
 
     @staticmethod
     @abstractmethod
@@ -82,8 +100,19 @@ class Engine(ABC):
 
     @classmethod
     @abstractmethod
-    def from_payload(cls, payload: Any) -> Engine:
-        """Rebuild the engine in a worker process from ``TokenizerInfo.worker_payload``."""
+    def create(cls, info: TokenizerInfo, *, fill_threads: int = 1) -> Engine:
+        """The engine for tokenizer ``info`` in this process (the library's tokenizer object
+        is built once per ``info`` and kept in its :meth:`~TokenizerInfo.cached` store)."""
+
+    @staticmethod
+    @abstractmethod
+    def tokenizer_payload(info: TokenizerInfo) -> Any:
+        """A picklable description of ``info``'s tokenizer, sent to compile workers."""
+
+    @classmethod
+    @abstractmethod
+    def from_payload(cls, payload: Any, *, fill_threads: int = 1) -> Engine:
+        """Rebuild the engine in a worker process from :meth:`tokenizer_payload`'s result."""
 
     @abstractmethod
     def compile(self, spec: GrammarSpec) -> Any:

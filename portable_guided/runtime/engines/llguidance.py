@@ -1,16 +1,70 @@
-"""The llguidance engine."""
+"""The llguidance engine, and the conversion of a :class:`TokenizerInfo` into an
+``llguidance.LLTokenizer``."""
 
 from __future__ import annotations
 
 import json
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..specs import GrammarSpec
-from .base import Engine, Matcher, UnsupportedSpec, package_version
+from .base import Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
 
-__all__ = ["LLGuidanceEngine", "LLGuidanceMatcher", "bitmask_pointer"]
+if TYPE_CHECKING:
+    import llguidance
+
+    from ..tokenizer_info import TokenizerInfo
+
+__all__ = [
+    "LLGuidanceEngine",
+    "LLGuidanceMatcher",
+    "bitmask_pointer",
+    "tokenizer",
+    "tokenizer_from_payload",
+    "tokenizer_payload",
+]
+
+
+def tokenizer(info: TokenizerInfo) -> llguidance.LLTokenizer:
+    """The ``llguidance.LLTokenizer`` for ``info`` (built once, cached on ``info``)."""
+    return info.cached("llguidance.tokenizer",
+                       lambda: tokenizer_from_payload(tokenizer_payload(info)))
+
+
+def tokenizer_payload(info: TokenizerInfo) -> tuple[str, tuple[Any, ...]]:
+    """A picklable description of ``info``'s tokenizer, from which
+    :func:`tokenizer_from_payload` builds the ``LLTokenizer`` (in this process or a compile
+    worker): ``("hf-json", (tokenizer.json text, n_vocab, stops))`` or
+    ``("tiktoken", (ranks, special tokens, pattern, n_vocab, stops))``."""
+    stops = list(info.stop_token_ids)
+    text = info.hf_tokenizer_json
+    if text is not None:
+        return ("hf-json", (text, info.vocab_size, stops))
+    t = info.tiktoken
+    if t is None:
+        raise ValueError(f"{info!r} has neither a Hugging Face tokenizer nor a tiktoken "
+                         "vocabulary")
+    return ("tiktoken", (dict(t.ranks), dict(t.special_tokens), t.pattern, info.vocab_size,
+                         stops))
+
+
+def tokenizer_from_payload(payload: tuple[str, Any]) -> llguidance.LLTokenizer:
+    """Build an ``llguidance.LLTokenizer`` from :func:`tokenizer_payload`'s result."""
+    import llguidance as llg
+
+    kind = payload[0] if isinstance(payload, tuple) and len(payload) == 2 else None
+    if kind == "hf-json":
+        text, n_vocab, stops = payload[1]
+        return llg.LLTokenizer(text, n_vocab=n_vocab, eos_token=stops)
+    if kind == "tiktoken":
+        ranks, special, pattern, n_vocab, stops = payload[1]
+        return llg.LLTokenizer.from_tiktoken(
+            encoder=ranks, special_tokens=special, pattern=pattern,
+            eos_token=stops, n_vocab=n_vocab,
+        )
+    raise ValueError(f"not an llguidance tokenizer payload: expected ('hf-json' or "
+                     f"'tiktoken', data), got {type(payload).__name__} of kind {kind!r}")
 
 
 # The last NumPy bitmask seen and its (address, rows, words): engines fill the same buffer
@@ -103,8 +157,11 @@ class LLGuidanceEngine(Engine):
 
     name = "llguidance"
     fill_releases_gil = True  # LLMatcher.unsafe_compute_mask_ptr runs without the GIL
+    # The lexer is built lazily under the parser limits (lexer fuel, grammar size); a MaskBench
+    # compile took at most 9 ms, which a worker round trip would double.
+    bounds_own_compile = True
 
-    def __init__(self, lltokenizer: Any, *, fill_threads: int = 1) -> None:
+    def __init__(self, lltokenizer: llguidance.LLTokenizer, *, fill_threads: int = 1) -> None:
         import llguidance as llg
 
         self._llg = llg
@@ -118,10 +175,16 @@ class LLGuidanceEngine(Engine):
         return package_version("llguidance")
 
     @classmethod
-    def from_payload(cls, payload: Any) -> LLGuidanceEngine:
-        from ..tokenizer_info import llguidance_tokenizer_from_payload
+    def create(cls, info: TokenizerInfo, *, fill_threads: int = 1) -> LLGuidanceEngine:
+        return cls(tokenizer(info), fill_threads=fill_threads)
 
-        return cls(llguidance_tokenizer_from_payload(payload))
+    @staticmethod
+    def tokenizer_payload(info: TokenizerInfo) -> tuple[str, tuple[Any, ...]]:
+        return tokenizer_payload(info)  # the module's function (methods skip class scope)
+
+    @classmethod
+    def from_payload(cls, payload: Any, *, fill_threads: int = 1) -> LLGuidanceEngine:
+        return cls(tokenizer_from_payload(payload), fill_threads=fill_threads)
 
     def grammar_text(self, spec: GrammarSpec) -> str:
         """The llguidance grammar (JSON text) for ``spec``."""
@@ -179,7 +242,8 @@ class LLGuidanceEngine(Engine):
         self, matchers: Sequence[Matcher], bitmask: Any, rows: Sequence[int]
     ) -> None:
         ptr, nrows, words = bitmask_pointer(bitmask)
-        pairs = [(m._m, int(r)) for m, r in zip(matchers, rows)]  # type: ignore[attr-defined]
+        pairs = [(m._m if isinstance(m, LLGuidanceMatcher) else foreign_matcher(self.name, m),
+                  int(r)) for m, r in zip(matchers, rows)]
         with self._batch_lock:
             self._executor.unsafe_compute_mask_ptr(pairs, ptr, words * 4, nrows)
 

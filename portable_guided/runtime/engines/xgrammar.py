@@ -1,17 +1,75 @@
-"""The xgrammar engine (the default)."""
+"""The xgrammar engine (the default), and the conversion of a :class:`TokenizerInfo` into an
+``xgrammar.TokenizerInfo``."""
 
 from __future__ import annotations
 
 import json
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..json_semantics import xgrammar_unsupported
 from ..specs import GrammarSpec
-from .base import Engine, Matcher, UnsupportedSpec, package_version
+from .base import Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
 
-__all__ = ["XGrammarEngine", "XGrammarMatcher", "xgrammar_structural_tag"]
+if TYPE_CHECKING:
+    import xgrammar
+
+    from ..tokenizer_info import TokenizerInfo
+
+__all__ = [
+    "XGrammarEngine",
+    "XGrammarMatcher",
+    "tokenizer",
+    "tokenizer_from_payload",
+    "tokenizer_payload",
+    "xgrammar_structural_tag",
+]
+
+_PAYLOAD_KIND = "xgrammar-json"
+
+
+def tokenizer(info: TokenizerInfo) -> xgrammar.TokenizerInfo:
+    """The ``xgrammar.TokenizerInfo`` for ``info`` (built once, cached on ``info``)."""
+    return info.cached("xgrammar.tokenizer", lambda: _build_tokenizer(info))
+
+
+def tokenizer_payload(info: TokenizerInfo) -> tuple[str, str]:
+    """A picklable description of ``info``'s xgrammar tokenizer (its serialized JSON), from
+    which :func:`tokenizer_from_payload` rebuilds it in a compile worker."""
+    return (_PAYLOAD_KIND, str(tokenizer(info).serialize_json()))
+
+
+def tokenizer_from_payload(payload: tuple[str, Any]) -> xgrammar.TokenizerInfo:
+    """Rebuild an ``xgrammar.TokenizerInfo`` from :func:`tokenizer_payload`'s result."""
+    import xgrammar as xgr
+
+    kind = payload[0] if isinstance(payload, tuple) and len(payload) == 2 else None
+    if kind != _PAYLOAD_KIND:
+        raise ValueError(f"not an xgrammar tokenizer payload: expected ({_PAYLOAD_KIND!r}, "
+                         f"text), got {type(payload).__name__} of kind {kind!r}")
+    return xgr.TokenizerInfo.deserialize_json(payload[1])
+
+
+def _build_tokenizer(info: TokenizerInfo) -> xgrammar.TokenizerInfo:
+    import xgrammar as xgr
+
+    stops = list(info.stop_token_ids)
+    if info.hf_tokenizer is not None:
+        return xgr.TokenizerInfo.from_huggingface(
+            info.hf_tokenizer, vocab_size=info.vocab_size, stop_token_ids=stops)
+    t = info.tiktoken
+    if t is None:
+        raise ValueError(f"{info!r} has neither a Hugging Face tokenizer nor a tiktoken "
+                         "vocabulary")
+    # Raw byte strings indexed by id (ids no token uses stay empty).
+    vocab: list[bytes] = [b""] * info.tokenizer_vocab_size
+    for token, rank in t.ranks.items():
+        vocab[rank] = token
+    for text, tid in t.special_tokens.items():
+        vocab[tid] = text.encode()
+    return xgr.TokenizerInfo(
+        vocab, xgr.VocabType.RAW, vocab_size=info.vocab_size, stop_token_ids=stops)
 
 
 class XGrammarMatcher(Matcher):
@@ -57,7 +115,7 @@ class XGrammarEngine(Engine):
     name = "xgrammar"
     fill_releases_gil = True  # GrammarMatcher.fill_next_token_bitmask releases it
 
-    def __init__(self, tokenizer_info: Any, *, fill_threads: int = 1) -> None:
+    def __init__(self, tokenizer_info: xgrammar.TokenizerInfo, *, fill_threads: int = 1) -> None:
         import xgrammar as xgr
 
         self._xgr = xgr
@@ -73,10 +131,16 @@ class XGrammarEngine(Engine):
         return package_version("xgrammar")
 
     @classmethod
-    def from_payload(cls, payload: Any) -> XGrammarEngine:
-        from ..tokenizer_info import xgrammar_info_from_payload
+    def create(cls, info: TokenizerInfo, *, fill_threads: int = 1) -> XGrammarEngine:
+        return cls(tokenizer(info), fill_threads=fill_threads)
 
-        return cls(xgrammar_info_from_payload(payload))
+    @staticmethod
+    def tokenizer_payload(info: TokenizerInfo) -> tuple[str, str]:
+        return tokenizer_payload(info)  # the module's function (methods skip class scope)
+
+    @classmethod
+    def from_payload(cls, payload: Any, *, fill_threads: int = 1) -> XGrammarEngine:
+        return cls(tokenizer_from_payload(payload), fill_threads=fill_threads)
 
     def compile(self, spec: GrammarSpec) -> Any:
         c = self._compiler
@@ -124,7 +188,8 @@ class XGrammarEngine(Engine):
     def fill_batch(
         self, matchers: Sequence[Matcher], bitmask: Any, rows: Sequence[int]
     ) -> None:
-        raw = [m._m for m in matchers]  # type: ignore[attr-defined]
+        raw = [m._m if isinstance(m, XGrammarMatcher) else foreign_matcher(self.name, m)
+               for m in matchers]
         with self._batch_lock:
             self._batch.batch_fill_next_token_bitmask(raw, bitmask, list(rows))
 

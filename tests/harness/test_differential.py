@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from portable_guided.runtime.differential import compare_engines, disagreements
+from portable_guided.harness.differential import compare_engines, disagreements
 
 SUBSET = Path(__file__).parent / "data" / "maskbench_differential_subset.jsonl"
 

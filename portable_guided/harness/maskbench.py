@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from .errors import GrammarCompileError, GrammarSpecError, GrammarTimeout
-from .runtime import GrammarRuntime
-from .specs import GrammarSpec
-from .tokenizer_info import TokenizerInfo
-from .worker import WorkerPool
+from ..runtime.engines import engine_class
+from ..runtime.errors import GrammarCompileError, GrammarSpecError, GrammarTimeout
+from ..runtime.runtime import GrammarRuntime
+from ..runtime.specs import GrammarSpec
+from ..runtime.tokenizer_info import TokenizerInfo
+from ..runtime.worker import WorkerPool
 
 __all__ = ["MODES", "load_records", "run_mode", "summarize", "summary_table"]
 
@@ -68,22 +69,24 @@ class _Walker:
             self.rt = GrammarRuntime(info, engine, compile_timeout_s=timeout_s, fill_threads=1,
                                      failure_ttl_s=0)
         elif kind == "raw":
-            from .engines import ENGINES
-
             self.pool = WorkerPool(
-                lambda: {engine: (ENGINES[engine][0], ENGINES[engine][1],
-                                  info.worker_payload(engine))}, size=1)
+                lambda: {engine: engine_class(engine).tokenizer_payload(info)}, size=1)
+            # Raw modes call the libraries themselves; only the tokenizer conversion is ours.
             if engine == "xgrammar":
                 import xgrammar as xgr
 
+                from ..runtime.engines import xgrammar as xgr_engine
+
                 self._xgr = xgr
-                self._xinfo = info.xgrammar()
+                self._xinfo = xgr_engine.tokenizer(info)
             else:
                 import llguidance as llg
                 import llguidance.numpy as llg_np
 
+                from ..runtime.engines import llguidance as llg_engine
+
                 self._llg, self._llg_np = llg, llg_np
-                self._ltok = info.llguidance()
+                self._ltok = llg_engine.tokenizer(info)
         else:
             raise ValueError(f"unknown mode {mode!r}; known: {MODES}")
 

@@ -5,7 +5,7 @@ For each schema both engines compile, every test instance (serialized as the Mas
 does) is walked token by token through a request of each engine, ending with the stop token;
 the two accept/reject decisions must agree. The test's ``valid`` label (the dataset's
 JSON Schema verdict) says which engine is right where they differ. Used by
-``bench/maskbench_differential.py`` (full split) and ``tests/runtime/test_differential.py``
+``bench/maskbench_differential.py`` (full split) and ``tests/harness/test_differential.py``
 (a committed subset).
 """
 
@@ -15,10 +15,10 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .errors import GrammarCompileError, GrammarSpecError
-from .runtime import GrammarRuntime
-from .specs import GrammarSpec
-from .tokenizer_info import TokenizerInfo
+from ..runtime.errors import GrammarCompileError, GrammarSpecError
+from ..runtime.runtime import GrammarRuntime
+from ..runtime.specs import GrammarSpec
+from ..runtime.tokenizer_info import TokenizerInfo
 
 __all__ = ["ENGINES", "compare_engines", "disagreements"]
 
