@@ -123,6 +123,10 @@ class CompileService:
         return {name: engine_class(name).tokenizer_payload(self.info)
                 for name in self.order if name not in self._in_process}
 
+    def cache_usage(self) -> tuple[int, int]:
+        """``(bytes, entries)`` held by the in-memory cache of compiled grammars."""
+        return self._memory.nbytes, len(self._memory)
+
     def worker_pids(self) -> list[int]:
         """Process ids of the live compile workers (empty without a time limit)."""
         return self._pool.pids() if self._pool else []

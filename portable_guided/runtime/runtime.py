@@ -256,8 +256,7 @@ class GrammarRuntime:
         """Counters and timings as a plain dict (compile time, cache hits, time-outs, fill
         time per step, rejected tokens...)."""
         out = self.metrics_sink.snapshot()
-        out["cache_bytes"] = self._service._memory.nbytes
-        out["cache_entries"] = len(self._service._memory)
+        out["cache_bytes"], out["cache_entries"] = self._service.cache_usage()
         return out
 
     def worker_pids(self) -> list[int]:
