@@ -28,7 +28,7 @@ _SCHEMA: dict[str, set[str]] = {
     "install": {"constraints", "steps", "extras", "disk_gb", "one_wheel_at_a_time", "uninstall"},
     "tests": {"paths", "markers", "keywords", "timeout_minutes"},
     "probe": {"any_path", "any_command", "hint"},
-    "github": {"runs_on"},
+    "github": {"runs_on", "free_disk"},
 }
 
 
@@ -58,6 +58,7 @@ class Lane:
     disk_gb: float = 0.0
     one_wheel_at_a_time: bool = False
     uninstall: tuple[str, ...] = ()
+    free_disk: bool = False
     source: Path = field(default=Path(), compare=False)
 
     @property
@@ -69,6 +70,12 @@ class Lane:
     def self_hosted(self) -> bool:
         """Whether the lane needs a self-hosted GitHub runner."""
         return "self-hosted" in self.runs_on
+
+
+def _bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise LaneError(f"{where} must be true or false, got {value!r}")
+    return value
 
 
 def _str_list(value: object, where: str) -> tuple[str, ...]:
@@ -132,6 +139,7 @@ def load_lane(path: Path) -> Lane:
         keywords=keywords,
         timeout_minutes=float(timeout),
         runs_on=_str_list(data["github"].get("runs_on", []), f"{path.name}: github.runs_on"),
+        free_disk=_bool(data["github"].get("free_disk", False), f"{path.name}: github.free_disk"),
         probe_paths=_str_list(probe.get("any_path", []), f"{path.name}: probe.any_path"),
         probe_commands=tuple(
             _str_list(c, f"{path.name}: probe.any_command item") for c in probe.get("any_command", [])

@@ -298,6 +298,17 @@ def _print_summary(results: Sequence[LaneResult]) -> None:
           f"{total['skipped']} skipped")
 
 
+def github_matrix(lanes: Sequence[Lane]) -> dict[str, list[dict[str, object]]]:
+    """The workflow's two matrices from the lane files: hosted lanes and self-hosted
+    (accelerator) lanes, each entry ``{"lane", "runs-on", "free-disk"}``, so a new lane file
+    needs no edit of the workflow."""
+    out: dict[str, list[dict[str, object]]] = {"hosted": [], "accelerators": []}
+    for lane in lanes:
+        entry = {"lane": lane.name, "runs-on": list(lane.runs_on), "free-disk": lane.free_disk}
+        out["accelerators" if lane.self_hosted else "hosted"].append(entry)
+    return out
+
+
 def _parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     argv = list(sys.argv[1:] if argv is None else argv)
     pytest_args: list[str] = []
@@ -313,6 +324,9 @@ def _parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[st
     parser.add_argument("--reinstall", action="store_true", help="recreate the lanes' venvs")
     parser.add_argument("--no-install", action="store_true", help="use the existing venvs as they are")
     parser.add_argument("--report", type=Path, metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--github-matrix", action="store_true",
+                        help="print the lanes as GitHub Actions matrices (JSON: hosted, "
+                             "accelerators) and exit; the workflow's plan job reads it")
     return parser.parse_args(argv), pytest_args
 
 
@@ -329,6 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: unknown lane(s) {unknown}; available: {sorted(lanes)}", file=sys.stderr)
         return 2
     selected = [lanes[name] for name in (args.lane or lanes)]
+    if args.github_matrix:
+        print(json.dumps(github_matrix(selected)))
+        return 0
     if args.list:
         for lane in selected:
             present, why = probe_hardware(lane)

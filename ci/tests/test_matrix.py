@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from ci.lanes import PLATFORMS_DIR, REPO_ROOT, LaneError, load_lane, load_lanes, probe_hardware
-from ci.matrix import _install_step, make_room, parse_pytest_summary, remove_packages, run_lane
+from ci.matrix import (
+    _install_step,
+    github_matrix,
+    make_room,
+    parse_pytest_summary,
+    remove_packages,
+    run_lane,
+)
 
 EXPECTED_LANES = {"cpu", "paddle", "xla-cpu", "vllm-cpu", "lint", "cuda", "tpu", "xpu", "npu"}
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "matrix.yml"
@@ -64,18 +71,28 @@ def test_xla_lane_pins_torch_to_what_torch_xla_needs() -> None:
 
 
 def test_workflow_matrix_matches_platform_files() -> None:
+    """The workflow takes its lanes from the lane files (a new lane needs no workflow edit):
+    the plan job prints ``--github-matrix``, which lists every lane once, on its runners."""
     yaml = pytest.importorskip("yaml")
     workflow = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
+    plan_steps = " ".join(step.get("run", "") for step in workflow["jobs"]["plan"]["steps"])
+    assert "ci/matrix.py --github-matrix" in plan_steps
+    for job_name in ("hosted", "accelerators"):
+        include = workflow["jobs"][job_name]["strategy"]["matrix"]["include"]
+        assert include == f"${{{{ fromJSON(needs.plan.outputs.{job_name}) }}}}", job_name
     lanes = load_lanes()
+    matrices = github_matrix(list(lanes.values()))
     seen = {}
-    for job_name, job in workflow["jobs"].items():
-        for entry in job["strategy"]["matrix"]["include"]:
+    for job_name, entries in matrices.items():
+        for entry in entries:
             assert entry["lane"] not in seen, f"lane {entry['lane']} appears twice"
-            seen[entry["lane"]] = (job_name, tuple(entry["runs-on"]))
+            seen[entry["lane"]] = (job_name, tuple(entry["runs-on"]), entry["free-disk"])
     assert set(seen) == set(lanes)
-    for name, (job_name, runs_on) in seen.items():
+    for name, (job_name, runs_on, free_disk) in seen.items():
         assert runs_on == lanes[name].runs_on, name
         assert (job_name == "accelerators") == lanes[name].self_hosted, name
+        assert free_disk == lanes[name].free_disk, name
+    assert seen["xla-cpu"][2] is True  # its CUDA-built torch wheels need the space
 
 
 @pytest.mark.parametrize(
