@@ -181,3 +181,40 @@ def test_inference_mode_logits(dtype, monkeypatch):
     before = to_f32(logits)
     pg.apply_token_mask(logits, torch.from_numpy(bitmask))
     np.testing.assert_array_equal(to_f32(logits), reference(before, bitmask))
+
+
+@pytest.mark.torch
+@pytest.mark.xgrammar
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("route", ["xgrammar", "numpy"])
+def test_few_blocked_torch_rows_on_both_routes(dtype, route, monkeypatch):
+    """Torch rows blocking up to a quarter of the vocabulary go to xgrammar's CPU kernel when
+    it is installed (``PORTABLE_GUIDED_CPU_XGRAMMAR=0``: our NumPy paths); both match the
+    reference, with indices, a padded width and rows of every kind in one batch."""
+    pytest.importorskip("xgrammar")
+    from portable_guided.kernels import host
+
+    monkeypatch.delenv("PORTABLE_GUIDED_CPU_THREADS", raising=False)
+    monkeypatch.setenv("PORTABLE_GUIDED_CPU_XGRAMMAR", "1" if route == "xgrammar" else "0")
+    calls = []
+    real = host._apply_xgrammar
+    monkeypatch.setattr(host, "_apply_xgrammar",
+                        lambda tensor, *a: (calls.append(a[1].tolist()), real(tensor, *a)))
+    rng = np.random.default_rng(23)
+    batch, vocab, width = 12, 50_000, 50_017  # logits wider than the vocabulary
+    words = -(-vocab // 32)
+    bitmask = _bitmask(rng, "mixed", batch, words)
+    blocked_15 = rng.random((4, words * 32)) < 0.15  # between 1/16 and 1/4 blocked
+    bitmask[4:8] = np.packbits(~blocked_15, axis=1, bitorder="little").view(np.int32)
+    bitmask[8] = _bitmask(rng, "nearly-full", 1, words)[0]
+    indices = [0, 2, 4, 5, 6, 7, 8, 11]
+    values = rng.standard_normal((batch, width)).astype(np.float32)
+    logits = make(values, "torch", dtype)
+    before = to_f32(logits)
+    pg.apply_token_mask(logits, make(bitmask, "torch"), indices=indices, vocab_size=vocab)
+    expected = reference(before, bitmask, indices=indices, vocab_size=vocab)
+    np.testing.assert_array_equal(to_f32(logits), expected)
+    if route == "xgrammar":
+        assert calls and {4, 5, 6, 7, 8} <= set(calls[0])
+    else:
+        assert calls == []

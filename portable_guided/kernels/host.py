@@ -8,7 +8,9 @@ every framework and every float dtype (bfloat16 included). Rows are sorted into 
   pass and the few allowed values are saved and put back; this costs less than reading and
   writing the row;
 - nearly-full rows (few blocked tokens, e.g. inside a JSON string) get -inf written at the
-  blocked positions only;
+  blocked positions only: for Torch logits by xgrammar's CPU kernel when xgrammar is
+  installed (its C++ bit loop beat our vectorized index math 3-10x on these rows, see
+  ``XGRAMMAR_MAX_BLOCKED``), else by NumPy fancy indexing;
 - dense rows are unpacked one row at a time (the unpacked row stays in cache) and merged with
   branch-free integer operations, which beat a boolean ``masked_fill``/``where`` several fold
   on random masks.
@@ -44,6 +46,15 @@ NEG_INF_BITS = {"float32": 0xFF800000, "float16": 0xFC00, "bfloat16": 0xFF80}
 
 # A row with at most width / SPARSE_RATIO allowed tokens takes the fill-and-restore path.
 SPARSE_RATIO = 16
+
+# Torch rows blocking at most this share of the vocabulary go to xgrammar's CPU kernel when it
+# is installed: it walks the cleared bits of each word in C++, so its cost follows the blocked
+# tokens; beyond about a quarter blocked our dense merge was faster (bench/bench_apply.py,
+# masks string and half). ``PORTABLE_GUIDED_CPU_XGRAMMAR=0`` turns the route off.
+XGRAMMAR_MAX_BLOCKED = 0.25
+XGRAMMAR_ENV_VAR = "PORTABLE_GUIDED_CPU_XGRAMMAR"
+_xgrammar_kernel: Any = None
+_xgrammar_checked = False
 
 _ALL_ONES = np.uint32(0xFFFFFFFF)
 
@@ -126,10 +137,15 @@ def apply_host_arrays(
     allowed = np.bitwise_count(table).sum(axis=1, dtype=np.int64)
     sparse = allowed * SPARSE_RATIO <= vocab
     # Bits past vocab are set, so words * 32 - allowed counts exactly the blocked tokens.
-    nearly_full = ~sparse & ((words * 32 - allowed) * SPARSE_RATIO <= vocab)
+    blocked = words * 32 - allowed
     neg = bits.dtype.type(NEG_INF_BITS[plan.dtype])
     if sparse.any():
         _apply_sparse(bits, rows[sparse], table[sparse], vocab, neg, tensor)
+    few_blocked = ~sparse & (blocked <= XGRAMMAR_MAX_BLOCKED * vocab)
+    if tensor is not None and few_blocked.any() and _xgrammar_cpu() is not None:
+        _apply_xgrammar(tensor, plan.dtype, rows[few_blocked], table[few_blocked], vocab)
+        sparse = sparse | few_blocked  # done: neither nearly-full nor dense below
+    nearly_full = ~sparse & (blocked * SPARSE_RATIO <= vocab)
     if nearly_full.any():
         # Blocked tokens are the set bits of the inverted words (none past vocab).
         row_of, cols = _set_bits(np.invert(table[nearly_full]), rows[nearly_full])
@@ -147,6 +163,39 @@ def apply_host_arrays(
         threads = 1 if tensor is not None else _threads()
         _run_split(merge, _split_rows(0, dense_rows.size, threads),
                    dense_rows.size * vocab * bits.itemsize)
+
+
+def _xgrammar_cpu() -> Any:
+    """xgrammar's CPU kernel, imported on first need; None without xgrammar or when turned off."""
+    global _xgrammar_kernel, _xgrammar_checked
+    if os.environ.get(XGRAMMAR_ENV_VAR, "1") == "0":
+        return None
+    if not _xgrammar_checked:
+        try:
+            from xgrammar.kernels.apply_token_bitmask_inplace_cpu import (
+                apply_token_bitmask_inplace_cpu,
+            )
+        except ImportError:
+            apply_token_bitmask_inplace_cpu = None
+        _xgrammar_kernel, _xgrammar_checked = apply_token_bitmask_inplace_cpu, True
+    return _xgrammar_kernel
+
+
+_TORCH_FLOAT = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def _apply_xgrammar(
+    tensor: Any, dtype: str, rows: np.ndarray, table: np.ndarray, vocab: int
+) -> None:
+    """Mask ``rows`` of the logits (``tensor``: their integer view) with xgrammar's CPU kernel;
+    ``table`` holds those rows' words (bits past ``vocab`` set)."""
+    import torch
+
+    logits = tensor.view(getattr(torch, _TORCH_FLOAT[dtype]))
+    # xgrammar indexes logits and bitmask with the same row numbers.
+    bitmask = np.full((logits.shape[0], table.shape[1]), -1, dtype=np.int32)
+    bitmask[rows] = table.view(np.int32)
+    _xgrammar_cpu()(logits, torch.from_numpy(bitmask), vocab, rows.tolist())
 
 
 def _selected_words(bitmask: np.ndarray, plan: MaskPlan, words: int) -> np.ndarray:
