@@ -58,6 +58,11 @@ def make_bitmask(kind: str, batch: int, vocab: int, rng: np.random.Generator) ->
             bits = np.uint32(1) << (tokens % 32).astype(np.uint32)
             np.bitwise_and.at(bitmask[row], tokens // 32, ~bits)
         return bitmask.view(np.int32)
+    if kind.startswith("blocked"):  # e.g. blocked20: each token blocked with probability 20%
+        share = float(kind.removeprefix("blocked")) / 100
+        allowed = np.ones((batch, words * 32), bool)
+        allowed[:, :vocab] = rng.random((batch, vocab)) >= share
+        return np.packbits(allowed, axis=1, bitorder="little").view(np.int32)
     if kind == "half":
         return rng.integers(-(2**31), 2**31, (batch, words), dtype=np.int64).astype(np.int32)
     bitmask = np.zeros((batch, words), np.uint32)
@@ -87,6 +92,7 @@ def implementations(device: str):
         "read+write": lambda logits, bitmask: logits.mul_(1.0),
     }
     if device == "cpu":
+        impls["ours-no-xgr"] = without_xgrammar_route
         impls["ours-own-threads"] = own_threads
         impls["read+write-1t"] = read_write_one_thread
     if device == "cpu":
@@ -96,6 +102,15 @@ def implementations(device: str):
         impls["xgr-triton"] = xgr_backend("triton")
         impls["xgr-cuda"] = xgr_backend("cuda")
     return impls
+
+
+def without_xgrammar_route(logits, bitmask):
+    """Our kernel with the xgrammar route for few-blocked Torch rows turned off."""
+    os.environ["PORTABLE_GUIDED_CPU_XGRAMMAR"] = "0"
+    try:
+        pg.apply_token_mask(logits, bitmask)
+    finally:
+        del os.environ["PORTABLE_GUIDED_CPU_XGRAMMAR"]
 
 
 def own_threads(logits, bitmask):

@@ -191,6 +191,7 @@ class GrammarRuntime:
         pooled: list[_Job] = []
         costs: list[float] = []
         groups: dict[int, tuple[Engine, list[_Job]]] = {}
+        chunks: dict[int, tuple[Engine, list[_Job]]] = {}
         n_rows = 0
         perf = time.perf_counter
         t_fill = perf()
@@ -203,13 +204,18 @@ class GrammarRuntime:
                     continue  # written by fill_target (or left pending)
                 n_rows += 1
                 if not threaded:
-                    t_row = perf()
-                    matcher.fill(bm, row)
-                    req.fill_cost_s = perf() - t_row
+                    chunks.setdefault(id(engine), (engine, []))[1].append((req, matcher, row))
                 elif pool_rows and engine.fill_releases_gil:
                     pooled.append((req, matcher, row))
                 else:
                     groups.setdefault(id(engine), (engine, []))[1].append((req, matcher, row))
+            # A cheap step: one library call per engine on this thread (no Python per row).
+            for engine, jobs in chunks.values():
+                t_chunk = perf()
+                engine.fill_chunk([m for _, m, _ in jobs], bm, [row for _, _, row in jobs])
+                each = (perf() - t_chunk) / len(jobs)
+                for req, _, _ in jobs:
+                    req.fill_cost_s = each
             # Longest first: an expensive mask started last leaves the other threads idle.
             if pooled:
                 pooled.sort(key=_by_cost, reverse=True)

@@ -137,3 +137,29 @@ def test_the_batch_contract_is_enough_for_an_engine_loop(rt):
     assert np.array_equal(got, expected)
     assert allowed(got[-1], rt.vocab_size).tolist() == [7]
     assert allowed(got[-2], rt.vocab_size).tolist() == list(rt.info.stop_token_ids)
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_a_cheap_step_is_one_library_call_per_engine(deepseek, engine, monkeypatch):
+    """Below the threading threshold the rows of one engine are filled by a single
+    ``fill_chunk`` call (no Python per row), with the same masks as single fills, and each
+    request gets a share of the chunk's time as its cost."""
+    from portable_guided.runtime import GrammarRuntime
+
+    with GrammarRuntime(deepseek, engine, compile_timeout_s=None, fill_threads=2,
+                        parallel_fill_min_us=1e9) as rt:
+        reqs = _requests(rt, 8)
+        cls = type(reqs[0].engine)
+        calls = []
+        real = cls.fill_chunk
+        monkeypatch.setattr(cls, "fill_chunk", lambda self, matchers, bitmask, rows: (
+            calls.append(list(rows)), real(self, matchers, bitmask, rows)))
+        bm = np.zeros((9, rt.bitmask_words), dtype=np.int32)
+        rt.fill_bitmask([*reqs[:4], None, *reqs[4:]], bm)
+        assert calls == [[0, 1, 2, 3, 5, 6, 7, 8]]
+        for row, req in zip([0, 1, 2, 3, 5, 6, 7, 8], reqs):
+            single = rt.allocate_bitmask(1)
+            req.fill(single, 0)
+            assert np.array_equal(bm[row], single[0]), row
+        assert (bm[4] == -1).all()
+        assert all(req.fill_cost_s > 0 for req in reqs)

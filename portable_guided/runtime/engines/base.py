@@ -137,3 +137,10 @@ class Engine(ABC):
     @abstractmethod
     def fill_batch(self, matchers: Sequence[Matcher], bitmask: Any, rows: Sequence[int]) -> None:
         """Fill ``bitmask[rows[i]]`` from ``matchers[i]``, using the engine's threads."""
+
+    def fill_chunk(self, matchers: Sequence[Matcher], bitmask: Any, rows: Sequence[int]) -> None:
+        """Fill ``bitmask[rows[i]]`` from ``matchers[i]`` on one thread, in one call into the
+        library where it has one (no Python per row, the GIL released once): for steps too
+        cheap to share between threads. The default fills row by row."""
+        for matcher, row in zip(matchers, rows):
+            matcher.fill(bitmask, row)

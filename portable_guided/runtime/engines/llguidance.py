@@ -169,6 +169,8 @@ class LLGuidanceEngine(Engine):
         self._stops = frozenset(int(t) for t in lltokenizer.eos_tokens)
         self._executor = llg.LLExecutor(max(1, int(fill_threads)))
         self._batch_lock = threading.Lock()  # one batch fill at a time per executor
+        self._chunk_executor = llg.LLExecutor(1)  # cheap steps (fill_chunk)
+        self._chunk_lock = threading.Lock()
 
     @staticmethod
     def version() -> str:
@@ -241,11 +243,20 @@ class LLGuidanceEngine(Engine):
     def fill_batch(
         self, matchers: Sequence[Matcher], bitmask: Any, rows: Sequence[int]
     ) -> None:
+        self._fill_with(self._executor, self._batch_lock, matchers, bitmask, rows)
+
+    def fill_chunk(
+        self, matchers: Sequence[Matcher], bitmask: Any, rows: Sequence[int]
+    ) -> None:
+        self._fill_with(self._chunk_executor, self._chunk_lock, matchers, bitmask, rows)
+
+    def _fill_with(self, executor: Any, lock: threading.Lock, matchers: Sequence[Matcher],
+                   bitmask: Any, rows: Sequence[int]) -> None:
         ptr, nrows, words = bitmask_pointer(bitmask)
         pairs = [(m._m if isinstance(m, LLGuidanceMatcher) else foreign_matcher(self.name, m),
                   int(r)) for m, r in zip(matchers, rows)]
-        with self._batch_lock:
-            self._executor.unsafe_compute_mask_ptr(pairs, ptr, words * 4, nrows)
+        with lock:
+            executor.unsafe_compute_mask_ptr(pairs, ptr, words * 4, nrows)
 
 
 class _Compiled:

@@ -125,6 +125,8 @@ class XGrammarEngine(Engine):
         self._batch = xgr.BatchGrammarMatcher(max_threads=max(1, int(fill_threads)))
         # One batch fill at a time per engine: the batch matcher owns one thread pool.
         self._batch_lock = threading.Lock()
+        self._chunk = xgr.BatchGrammarMatcher(max_threads=1)  # cheap steps (fill_chunk)
+        self._chunk_lock = threading.Lock()
 
     @staticmethod
     def version() -> str:
@@ -192,6 +194,14 @@ class XGrammarEngine(Engine):
                for m in matchers]
         with self._batch_lock:
             self._batch.batch_fill_next_token_bitmask(raw, bitmask, list(rows))
+
+    def fill_chunk(
+        self, matchers: Sequence[Matcher], bitmask: Any, rows: Sequence[int]
+    ) -> None:
+        raw = [m._m if isinstance(m, XGrammarMatcher) else foreign_matcher(self.name, m)
+               for m in matchers]
+        with self._chunk_lock:
+            self._chunk.batch_fill_next_token_bitmask(raw, bitmask, list(rows))
 
 
 def xgrammar_structural_tag(data: dict[str, Any]) -> dict[str, Any]:
