@@ -49,9 +49,15 @@ SPARSE_RATIO = 16
 
 # Torch rows blocking at most this share of the vocabulary go to xgrammar's CPU kernel when it
 # is installed: it walks the cleared bits of each word in C++, so its cost follows the blocked
-# tokens; beyond about a quarter blocked our dense merge was faster (bench/bench_apply.py,
-# masks string and half). ``PORTABLE_GUIDED_CPU_XGRAMMAR=0`` turns the route off.
-XGRAMMAR_MAX_BLOCKED = 0.25
+# tokens; beyond these shares our dense merge was as fast or faster (bench/bench_apply.py
+# --position after-matmul, masks blocked6/10/20/30: bfloat16 even at 10%, float32 at 30%).
+# ``PORTABLE_GUIDED_CPU_XGRAMMAR=0`` turns the route off.
+XGRAMMAR_MAX_BLOCKED = {"float32": 0.25, "bfloat16": 0.08, "float16": 0.08}
+
+# Rows are sorted into paths by their share of allowed tokens, estimated from every
+# COUNT_STRIDE-th word: a full popcount cost a third of the whole JSON-mask kernel, and every
+# path is exact for any row (a wrong estimate costs time, never correctness).
+COUNT_STRIDE = 8
 XGRAMMAR_ENV_VAR = "PORTABLE_GUIDED_CPU_XGRAMMAR"
 _xgrammar_kernel: Any = None
 _xgrammar_checked = False
@@ -127,23 +133,28 @@ def apply_host_arrays(
     vocab = plan.vocab_size
     words = -(-vocab // 32)
     rows = plan.masked_rows
-    table = _selected_words(bitmask.reshape(plan.bitmask_rows, plan.bitmask_words), plan, words)
+    full_bitmask = bitmask.reshape(plan.bitmask_rows, plan.bitmask_words)
+    table = _selected_words(full_bitmask, plan, words)
 
     live = table.min(axis=1) != _ALL_ONES
     if not live.all():
         if not live.any():
             return
         table, rows = table[live], rows[live]
-    allowed = np.bitwise_count(table).sum(axis=1, dtype=np.int64)
+    allowed = _allowed_per_row(table)
     sparse = allowed * SPARSE_RATIO <= vocab
-    # Bits past vocab are set, so words * 32 - allowed counts exactly the blocked tokens.
+    # Bits past vocab are set, so words * 32 - allowed counts the blocked tokens.
     blocked = words * 32 - allowed
     neg = bits.dtype.type(NEG_INF_BITS[plan.dtype])
     if sparse.any():
         _apply_sparse(bits, rows[sparse], table[sparse], vocab, neg, tensor)
-    few_blocked = ~sparse & (blocked <= XGRAMMAR_MAX_BLOCKED * vocab)
+    few_blocked = ~sparse & (blocked <= XGRAMMAR_MAX_BLOCKED[plan.dtype] * vocab)
     if tensor is not None and few_blocked.any() and _xgrammar_cpu() is not None:
-        _apply_xgrammar(tensor, plan.dtype, rows[few_blocked], table[few_blocked], vocab)
+        # Bitmask row i belongs to logits row i unless ``indices`` picked rows: then the
+        # routed rows' words are copied into a bitmask xgrammar can index like the logits.
+        direct = plan.rows is None and plan.bitmask_rows == plan.batch
+        _apply_xgrammar(tensor, plan.dtype, rows[few_blocked], vocab,
+                        full_bitmask if direct else None, table[few_blocked])
         sparse = sparse | few_blocked  # done: neither nearly-full nor dense below
     nearly_full = ~sparse & (blocked * SPARSE_RATIO <= vocab)
     if nearly_full.any():
@@ -163,6 +174,17 @@ def apply_host_arrays(
         threads = 1 if tensor is not None else _threads()
         _run_split(merge, _split_rows(0, dense_rows.size, threads),
                    dense_rows.size * vocab * bits.itemsize)
+
+
+def _allowed_per_row(table: np.ndarray) -> np.ndarray:
+    """Allowed tokens per row of ``table`` (uint32 words), estimated from a strided sample of
+    the words when rows are long, exact otherwise."""
+    words = table.shape[1]
+    if words < 64 * COUNT_STRIDE:
+        return np.bitwise_count(table).sum(axis=1, dtype=np.int64)
+    sample = table[:, ::COUNT_STRIDE]
+    counted = np.bitwise_count(sample).sum(axis=1, dtype=np.int64)
+    return counted * words // sample.shape[1]
 
 
 def _xgrammar_cpu() -> Any:
@@ -185,17 +207,20 @@ _TORCH_FLOAT = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float1
 
 
 def _apply_xgrammar(
-    tensor: Any, dtype: str, rows: np.ndarray, table: np.ndarray, vocab: int
+    tensor: Any, dtype: str, rows: np.ndarray, vocab: int, bitmask: np.ndarray | None,
+    table: np.ndarray,
 ) -> None:
-    """Mask ``rows`` of the logits (``tensor``: their integer view) with xgrammar's CPU kernel;
-    ``table`` holds those rows' words (bits past ``vocab`` set)."""
+    """Mask ``rows`` of the logits (``tensor``: their integer view) with xgrammar's CPU kernel,
+    which indexes logits and bitmask with the same row numbers: ``bitmask`` when its rows are
+    the logits' rows, else a copy built from ``table`` (those rows' words)."""
     import torch
 
     logits = tensor.view(getattr(torch, _TORCH_FLOAT[dtype]))
-    # xgrammar indexes logits and bitmask with the same row numbers.
-    bitmask = np.full((logits.shape[0], table.shape[1]), -1, dtype=np.int32)
-    bitmask[rows] = table.view(np.int32)
-    _xgrammar_cpu()(logits, torch.from_numpy(bitmask), vocab, rows.tolist())
+    if bitmask is None:
+        bitmask = np.full((logits.shape[0], table.shape[1]), -1, dtype=np.int32)
+        bitmask[rows] = table.view(np.int32)
+    indices = None if rows.size == logits.shape[0] else rows.tolist()
+    _xgrammar_cpu()(logits, torch.from_numpy(np.ascontiguousarray(bitmask)), vocab, indices)
 
 
 def _selected_words(bitmask: np.ndarray, plan: MaskPlan, words: int) -> np.ndarray:
