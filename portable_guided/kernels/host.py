@@ -69,6 +69,9 @@ _ALL_ONES = np.uint32(0xFFFFFFFF)
 THREADS_ENV_VAR = "PORTABLE_GUIDED_CPU_THREADS"
 PARALLEL_MIN_BYTES = 4 << 20
 
+# Read once: os.cpu_count() costs several microseconds, paid on every call otherwise.
+_DEFAULT_THREADS = min(4, os.cpu_count() or 1)
+
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 _pool_lock = threading.Lock()
@@ -81,7 +84,7 @@ def _threads() -> int:
             return max(1, int(value))
         except ValueError:
             raise ValueError(f"{THREADS_ENV_VAR} must be an integer, got {value!r}") from None
-    return min(4, os.cpu_count() or 1)
+    return _DEFAULT_THREADS
 
 
 def _run_split(work: Callable[[Any], None], parts: Sequence[Any], nbytes: int) -> None:
@@ -103,6 +106,8 @@ def _run_split(work: Callable[[Any], None], parts: Sequence[Any], nbytes: int) -
 
 
 def _split_rows(start: int, stop: int, pieces: int) -> list[tuple[int, int]]:
+    if pieces <= 1 or stop - start <= 1:
+        return [(start, stop)]
     bounds = np.linspace(start, stop, min(pieces, stop - start) + 1).astype(int)
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
@@ -283,7 +288,8 @@ def _apply_sparse(
         for start, stop in runs:  # in Torch's intra-op pool (module docstring)
             tensor[start:stop, :vocab].fill_(signed)
     else:
-        pieces = [piece for start, stop in runs for piece in _split_rows(start, stop, _threads())]
+        threads = _threads() if nbytes >= PARALLEL_MIN_BYTES else 1
+        pieces = [piece for start, stop in runs for piece in _split_rows(start, stop, threads)]
 
         def fill(piece: tuple[int, int]) -> None:
             bits[piece[0] : piece[1], :vocab] = neg
