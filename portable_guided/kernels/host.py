@@ -208,9 +208,6 @@ def _xgrammar_cpu() -> Any:
     return _xgrammar_kernel
 
 
-_TORCH_FLOAT = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-
-
 def _apply_xgrammar(
     tensor: Any, dtype: str, rows: np.ndarray, vocab: int, bitmask: np.ndarray | None,
     table: np.ndarray,
@@ -220,7 +217,7 @@ def _apply_xgrammar(
     the logits' rows, else a copy built from ``table`` (those rows' words)."""
     import torch
 
-    logits = tensor.view(getattr(torch, _TORCH_FLOAT[dtype]))
+    logits = tensor.view(getattr(torch, dtype))  # plan dtypes are Torch's names
     if bitmask is None:
         bitmask = np.full((logits.shape[0], table.shape[1]), -1, dtype=np.int32)
         bitmask[rows] = table.view(np.int32)

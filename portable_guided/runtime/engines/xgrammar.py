@@ -190,18 +190,19 @@ class XGrammarEngine(Engine):
     def fill_batch(
         self, matchers: Sequence[Matcher], bitmask: Any, rows: Sequence[int]
     ) -> None:
-        raw = [m._m if isinstance(m, XGrammarMatcher) else foreign_matcher(self.name, m)
-               for m in matchers]
-        with self._batch_lock:
-            self._batch.batch_fill_next_token_bitmask(raw, bitmask, list(rows))
+        self._fill_with(self._batch, self._batch_lock, matchers, bitmask, rows)
 
     def fill_chunk(
         self, matchers: Sequence[Matcher], bitmask: Any, rows: Sequence[int]
     ) -> None:
+        self._fill_with(self._chunk, self._chunk_lock, matchers, bitmask, rows)
+
+    def _fill_with(self, batch: Any, lock: threading.Lock, matchers: Sequence[Matcher],
+                   bitmask: Any, rows: Sequence[int]) -> None:
         raw = [m._m if isinstance(m, XGrammarMatcher) else foreign_matcher(self.name, m)
                for m in matchers]
-        with self._chunk_lock:
-            self._chunk.batch_fill_next_token_bitmask(raw, bitmask, list(rows))
+        with lock:
+            batch.batch_fill_next_token_bitmask(raw, bitmask, list(rows))
 
 
 def xgrammar_structural_tag(data: dict[str, Any]) -> dict[str, Any]:
