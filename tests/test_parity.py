@@ -220,3 +220,21 @@ def test_few_blocked_torch_rows_on_both_routes(dtype, route, pick_rows, monkeypa
         assert calls and ({4, 5, 6, 7, 8} if dtype == "float32" else {8}) <= set(calls[0])
     else:
         assert calls == []
+
+
+@pytest.mark.parametrize("rows,words", [(1, 1), (3, 5), (4, 6), (7, 4040)])
+def test_set_bits_finds_every_set_bit(rows, words):
+    """The sparse path's bit finder (8-byte units when the word count is even, 4-byte ones
+    otherwise) against ``np.nonzero`` of the unpacked bits, with logits row numbers."""
+    from portable_guided.kernels.host import _set_bits
+
+    rng = np.random.default_rng(rows * 1000 + words)
+    table = np.where(rng.random((rows, words)) < 0.1,
+                     rng.integers(0, 2**32, (rows, words), dtype=np.uint64), 0).astype(np.uint32)
+    table[0, -1] = 0x80000001  # the first and last bit of a row's last word
+    logits_rows = rng.permutation(rows * 3)[:rows]
+    expected_row, expected_col = np.nonzero(
+        np.unpackbits(table.view(np.uint8), axis=1, bitorder="little"))
+    row_of, cols = _set_bits(table, logits_rows)
+    np.testing.assert_array_equal(row_of, logits_rows[expected_row])
+    np.testing.assert_array_equal(cols, expected_col)

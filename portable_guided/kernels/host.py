@@ -152,14 +152,18 @@ def apply_host_arrays(
     blocked = words * 32 - allowed
     neg = bits.dtype.type(NEG_INF_BITS[plan.dtype])
     if sparse.any():
-        _apply_sparse(bits, rows[sparse], table[sparse], vocab, neg, tensor)
+        _apply_sparse(bits, *_pick(sparse, rows, table), vocab, neg, tensor)
     few_blocked = ~sparse & (blocked <= XGRAMMAR_MAX_BLOCKED[plan.dtype] * vocab)
     if tensor is not None and few_blocked.any() and _xgrammar_cpu() is not None:
         # Bitmask row i belongs to logits row i unless ``indices`` picked rows: then the
         # routed rows' words are copied into a bitmask xgrammar can index like the logits.
-        direct = plan.rows is None and plan.bitmask_rows == plan.batch
-        _apply_xgrammar(tensor, plan.dtype, rows[few_blocked], vocab,
-                        full_bitmask if direct else None, table[few_blocked])
+        if plan.rows is None and plan.bitmask_rows == plan.batch:
+            routed_rows, routed_bitmask = _pick(few_blocked, rows, None)[0], full_bitmask
+        else:
+            routed_rows, routed_words = _pick(few_blocked, rows, table)
+            routed_bitmask = np.full((plan.batch, words), -1, dtype=np.int32)
+            routed_bitmask[routed_rows] = routed_words.view(np.int32)
+        _apply_xgrammar(tensor, plan.dtype, routed_rows, vocab, routed_bitmask)
         sparse = sparse | few_blocked  # done: neither nearly-full nor dense below
     nearly_full = ~sparse & (blocked * SPARSE_RATIO <= vocab)
     if nearly_full.any():
@@ -192,6 +196,14 @@ def _allowed_per_row(table: np.ndarray) -> np.ndarray:
     return counted * words // sample.shape[1]
 
 
+def _pick(selected: np.ndarray, rows: np.ndarray, table: np.ndarray | None) -> tuple[Any, Any]:
+    """``rows`` and ``table`` (or None) restricted to the ``selected`` rows; no copy when every
+    row is selected (a copy of a whole table costs as much as a pass over it)."""
+    if selected.all():
+        return rows, table
+    return rows[selected], None if table is None else table[selected]
+
+
 def _xgrammar_cpu() -> Any:
     """xgrammar's CPU kernel, imported on first need; None without xgrammar or when turned off."""
     global _xgrammar_kernel, _xgrammar_checked
@@ -209,18 +221,13 @@ def _xgrammar_cpu() -> Any:
 
 
 def _apply_xgrammar(
-    tensor: Any, dtype: str, rows: np.ndarray, vocab: int, bitmask: np.ndarray | None,
-    table: np.ndarray,
+    tensor: Any, dtype: str, rows: np.ndarray, vocab: int, bitmask: np.ndarray
 ) -> None:
     """Mask ``rows`` of the logits (``tensor``: their integer view) with xgrammar's CPU kernel,
-    which indexes logits and bitmask with the same row numbers: ``bitmask`` when its rows are
-    the logits' rows, else a copy built from ``table`` (those rows' words)."""
+    which indexes logits and ``bitmask`` with the same row numbers."""
     import torch
 
     logits = tensor.view(getattr(torch, dtype))  # plan dtypes are Torch's names
-    if bitmask is None:
-        bitmask = np.full((logits.shape[0], table.shape[1]), -1, dtype=np.int32)
-        bitmask[rows] = table.view(np.int32)
     indices = None if rows.size == logits.shape[0] else rows.tolist()
     _xgrammar_cpu()(logits, torch.from_numpy(np.ascontiguousarray(bitmask)), vocab, indices)
 
@@ -251,14 +258,17 @@ def _row_runs(rows: np.ndarray) -> list[tuple[int, int]]:
 
 def _set_bits(words: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(row, column)`` of every set bit of ``words`` (uint32, one row of words per entry of
-    ``rows``, the logits rows). Only nonzero bytes are unpacked, so the cost follows the number
+    ``rows``, the logits rows). Only nonzero words are unpacked, so the cost follows the number
     of set bits rather than the vocabulary."""
-    as_bytes = np.ascontiguousarray(words, dtype="<u4").view(np.uint8).ravel()
-    # nonzero on a bool view of the same bytes is several times faster than on uint8.
-    nonzero = np.flatnonzero(as_bytes.view(bool))
-    unpacked = np.unpackbits(as_bytes[nonzero], bitorder="little")
-    set_bit = np.flatnonzero(unpacked.view(bool))  # index into (nonzero byte, bit)
-    position = nonzero[set_bit >> 3] * 8 + (set_bit & 7)  # bit index in the flattened words
+    flat = np.ascontiguousarray(words, dtype="<u4").reshape(-1)
+    # Nonzero 8-byte units are found by a comparison and a nonzero over its bool result,
+    # 2-3x faster than a nonzero over the bytes (measured right after an lm_head matmul).
+    units = flat.view(np.uint64) if flat.size % 2 == 0 else flat
+    unit_bits = units.itemsize * 8
+    nonzero = np.flatnonzero(units != 0)
+    unpacked = np.unpackbits(units[nonzero].view(np.uint8), bitorder="little")
+    set_bit = np.flatnonzero(unpacked.view(bool))  # index into (nonzero unit, bit)
+    position = nonzero[set_bit // unit_bits] * unit_bits + set_bit % unit_bits
     row_bits = words.shape[1] * 32
     return rows[position // row_bits], position % row_bits
 
