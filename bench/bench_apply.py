@@ -13,9 +13,10 @@ same read+write bound, timed with CUDA events.
 (``hidden @ W.T`` with W of shape vocab x ``--hidden``, written into the logits about to be
 masked), where a real engine calls the kernel: Torch's OpenMP threads are still spinning and
 part of the logits is still in cache. Implementations take turns call by call (one matmul
-before every call), so all of them see the same machine load; ``ours-own-threads`` is our
-kernel with the thread policy of NumPy logits (the kernel's own thread pool) for comparison
-with the Torch policy (module docstring of ``portable_guided/kernels/host.py``).
+before every call), so all of them see the same machine load. Variants of ours: ``ours-1t``
+(the calling thread only), ``ours-team`` (Torch's OpenMP team at any size),
+``ours-own-threads`` (two threads of our own instead of the team) and ``ours-numpy`` (the
+NumPy fallback kernel); see ``portable_guided/kernels/compiled.py``.
 
     python bench/bench_apply.py --json bench/results/apply_cpu.json
     python bench/bench_apply.py --quick            # a smaller grid
@@ -92,8 +93,10 @@ def implementations(device: str):
         "read+write": lambda logits, bitmask: logits.mul_(1.0),
     }
     if device == "cpu":
-        impls["ours-no-xgr"] = without_xgrammar_route
+        impls["ours-1t"] = with_env(PORTABLE_GUIDED_CPU_THREADS="1")
+        impls["ours-team"] = always_in_team
         impls["ours-own-threads"] = own_threads
+        impls["ours-numpy"] = with_env(PORTABLE_GUIDED_CPU_KERNEL="numpy")
         impls["read+write-1t"] = read_write_one_thread
     if device == "cpu":
         impls["xgr-cpu"] = xgr_backend("cpu")
@@ -104,24 +107,58 @@ def implementations(device: str):
     return impls
 
 
-def without_xgrammar_route(logits, bitmask):
-    """Our kernel with the xgrammar route for few-blocked Torch rows turned off."""
-    os.environ["PORTABLE_GUIDED_CPU_XGRAMMAR"] = "0"
+def with_env(**settings):
+    """Our apply_token_mask with environment settings (kernel choice, thread count)."""
+    def apply(logits, bitmask):
+        saved = {name: os.environ.get(name) for name in settings}
+        os.environ.update(settings)
+        try:
+            pg.apply_token_mask(logits, bitmask)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = value
+
+    return apply
+
+
+def always_in_team(logits, bitmask):
+    """The compiled kernel in the OpenMP team at any size (no small-work cut-off)."""
+    from portable_guided.kernels import compiled
+
+    saved, compiled.PARALLEL_MIN_TOKENS = compiled.PARALLEL_MIN_TOKENS, 0
     try:
         pg.apply_token_mask(logits, bitmask)
     finally:
-        del os.environ["PORTABLE_GUIDED_CPU_XGRAMMAR"]
+        compiled.PARALLEL_MIN_TOKENS = saved
+
+
+_own_pool = None
 
 
 def own_threads(logits, bitmask):
-    """Our kernel with the thread policy for NumPy/Paddle logits (its own thread pool)."""
+    """The compiled kernel on two threads of our own (the calling thread and a pool thread)
+    instead of the framework's OpenMP team: the policy the kernel does not use."""
+    import concurrent.futures
+
     from portable_guided.dlpack import host_bits
-    from portable_guided.kernels.host import apply_host_arrays
+    from portable_guided.kernels import _cpu_mask
+    from portable_guided.kernels.host import NEG_INF_BITS
     from portable_guided.validation import plan_mask
 
+    global _own_pool
+    if _own_pool is None:
+        _own_pool = concurrent.futures.ThreadPoolExecutor(1)
     plan = plan_mask(logits, bitmask)
     bits = host_bits(logits).reshape(plan.batch, plan.width)
-    apply_host_arrays(bits, bitmask.numpy(), plan, tensor=None)
+    words, rows = bitmask.numpy(), plan.masked_rows
+    half, neg = rows.size // 2, NEG_INF_BITS[plan.dtype]
+    other = _own_pool.submit(_cpu_mask.mask_rows, bits, words, rows[half:], rows[half:],
+                             plan.vocab_size, neg, 1)
+    _cpu_mask.mask_rows(bits, words, rows[:half], rows[:half], plan.vocab_size, neg, 1)
+    other.result()
 
 
 def time_after_matmul(impls, buffers, host_mask, bitmask, hidden, reps):
@@ -263,7 +300,7 @@ def format_row(cell: dict, impls: dict) -> str:
     ours = cell.get("ours")
     ratios = ""
     if ours:
-        for ref in ("xgr-cpu", "xgr-triton"):
+        for ref in ("xgr-cpu", "xgr-triton", "ours-numpy"):
             if ref in cell:
                 ratios += f" speedup_vs_{ref}={cell[ref] / ours:5.1f}x"
         if "read+write" in cell:

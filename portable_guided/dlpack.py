@@ -45,14 +45,15 @@ def to_paddle(x: Any) -> paddle.Tensor:
     return paddle.from_dlpack(x)
 
 
-def host_bits(x: Any) -> np.ndarray:
+def host_bits(x: Any, framework: str | None = None, dtype: str | None = None) -> np.ndarray:
     """A NumPy view of a host float tensor's bit patterns, as unsigned integers.
 
     Works for float32, float16 and bfloat16 and for any strides; writes through the view
-    change ``x``.
+    change ``x``. ``framework`` and ``dtype`` (as ``framework_of`` and ``dtype_name`` name
+    them) may be passed when known, which saves looking them up.
     """
-    framework = framework_of(x)
-    kind = dtype_name(x, framework)
+    framework = framework or framework_of(x)
+    kind = dtype or dtype_name(x, framework)
     bits = _BITS_DTYPE[kind]
     if framework == "numpy":
         return x.view(bits)

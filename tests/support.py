@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -88,3 +91,26 @@ def padded_rows(rows: list[list[int]]) -> tuple[np.ndarray, list[int]]:
     for i, r in enumerate(rows):
         ids[i, : len(r)] = r
     return ids, counts
+
+
+@contextlib.contextmanager
+def cpu_kernel(kernel: str | None) -> Iterator[None]:
+    """Run the CPU platform on ``kernel`` ("compiled" or "numpy"; None leaves the choice
+    alone). "compiled" skips where the extension was not built (no C compiler at install);
+    tests/test_compiled.py fails instead when a compiler is there."""
+    if kernel is None:
+        yield
+        return
+    if kernel == "compiled" and importlib.util.find_spec(
+            "portable_guided.kernels._cpu_mask") is None:
+        pytest.skip("the compiled CPU kernel is not built (no C compiler at install time)")
+    name = "PORTABLE_GUIDED_CPU_KERNEL"
+    saved = os.environ.get(name)
+    os.environ[name] = kernel
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = saved

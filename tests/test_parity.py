@@ -16,12 +16,15 @@ from hypothesis import strategies as st
 
 import portable_guided as pg
 from portable_guided import reference_apply_token_mask as reference
-from tests.support import frameworks, make, to_f32
+from tests.support import cpu_kernel, frameworks, make, to_f32
 
+# (framework, platform, CPU kernel): the CPU platform runs the compiled kernel where it is
+# built and the NumPy kernel otherwise; both are checked here.
 IMPLEMENTATIONS = [
-    pytest.param(fw, platform, id=f"{fw}-{platform or 'auto'}",
+    pytest.param(fw, platform, kernel, id=f"{fw}-{platform or 'auto'}-{kernel or 'static'}",
                  marks=[getattr(pytest.mark, fw)] if fw != "numpy" else [])
-    for fw in frameworks() for platform in (None, "static")
+    for fw in frameworks()
+    for platform, kernel in ((None, "compiled"), (None, "numpy"), ("static", None))
     if fw != "numpy" or platform is None
 ]
 DTYPES = {"numpy": ["float32", "float16"], "torch": ["float32", "float16", "bfloat16"],
@@ -88,10 +91,10 @@ def _logits(case, framework):
     return wide, view
 
 
-@pytest.mark.parametrize("framework,platform", IMPLEMENTATIONS)
+@pytest.mark.parametrize("framework,platform,kernel", IMPLEMENTATIONS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_matches_reference(framework, platform, data):
+def test_matches_reference(framework, platform, kernel, data):
     case = data.draw(cases(framework))
     wide, logits = _logits(case, framework)
     bitmask = make(case["bitmask"], case["bitmask_framework"])
@@ -106,7 +109,7 @@ def test_matches_reference(framework, platform, data):
     expected = reference(before, case["bitmask"].reshape(np.shape(bitmask)), indices=index_list,
                          vocab_size=case["vocab_size"])
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), cpu_kernel(kernel):
         warnings.simplefilter("ignore")  # narrower bitmasks warn; covered in test_errors
         result = pg.apply_token_mask(logits, bitmask, indices=case["indices"],
                                      vocab_size=case["vocab_size"], platform=platform)
@@ -122,9 +125,9 @@ def test_matches_reference(framework, platform, data):
     np.testing.assert_array_equal(after_wide[outside], before_wide[outside])
 
 
-@pytest.mark.parametrize("framework,platform", IMPLEMENTATIONS)
+@pytest.mark.parametrize("framework,platform,kernel", IMPLEMENTATIONS)
 @pytest.mark.parametrize("kind", ["sparse", "random", "nearly-full", "mixed"])
-def test_large_vocab_matches_reference(framework, platform, kind):
+def test_large_vocab_matches_reference(framework, platform, kernel, kind):
     """A real vocabulary width exercises the sparse and dense paths at scale."""
     rng = np.random.default_rng(7)
     batch, width = 3, 129_280
@@ -134,17 +137,20 @@ def test_large_vocab_matches_reference(framework, platform, kind):
     bitmask[0, rng.integers(0, words, 40)] = 1 << 3  # a JSON-like row: a few allowed tokens
     values = rng.standard_normal((batch, width)).astype(np.float32)
     logits = make(values, framework)
-    pg.apply_token_mask(logits, make(bitmask, framework), platform=platform)
+    with cpu_kernel(kernel):
+        pg.apply_token_mask(logits, make(bitmask, framework), platform=platform)
     np.testing.assert_array_equal(to_f32(logits), reference(values, bitmask))
 
 
-@pytest.mark.parametrize("framework,platform", IMPLEMENTATIONS)
+@pytest.mark.parametrize("framework,platform,kernel", IMPLEMENTATIONS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("threads", [None, "1", "2"])
-def test_large_batch_matches_reference(framework, platform, dtype, threads, monkeypatch):
-    """Work above the kernel's parallel threshold (Torch's intra-op pool for Torch logits,
-    the kernel's threads otherwise, or ``PORTABLE_GUIDED_CPU_THREADS`` NumPy threads), with
-    rows in several runs through ``indices``."""
+@pytest.mark.parametrize("threads", [None, "1", "2", "3"])
+def test_large_batch_matches_reference(framework, platform, kernel, dtype, threads,
+                                       monkeypatch):
+    """Work above the kernels' parallel thresholds (an OpenMP team or Torch's intra-op pool
+    for Torch logits, the kernel's threads otherwise, or ``PORTABLE_GUIDED_CPU_THREADS``
+    threads; 3 splits rows and words unevenly), with rows in several runs through
+    ``indices``."""
     if dtype not in DTYPES[framework]:
         pytest.skip(f"{framework} has no {dtype}")
     if threads is None:
@@ -160,13 +166,16 @@ def test_large_batch_matches_reference(framework, platform, dtype, threads, monk
     values = rng.standard_normal((batch, width)).astype(np.float32)
     logits = make(values, framework, dtype)
     before = to_f32(logits)
-    pg.apply_token_mask(logits, make(bitmask, framework), indices=indices, platform=platform)
+    with cpu_kernel(kernel):
+        pg.apply_token_mask(logits, make(bitmask, framework), indices=indices,
+                            platform=platform)
     np.testing.assert_array_equal(to_f32(logits), reference(before, bitmask, indices=indices))
 
 
 @pytest.mark.torch
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_inference_mode_logits(dtype, monkeypatch):
+@pytest.mark.parametrize("kernel", ["compiled", "numpy"])
+def test_inference_mode_logits(dtype, kernel, monkeypatch):
     """Logits made under ``torch.inference_mode()`` (as engines make them) are masked in place
     outside it too, above the size where the fill runs as a Torch op."""
     torch = pytest.importorskip("torch")
@@ -179,7 +188,8 @@ def test_inference_mode_logits(dtype, monkeypatch):
     with torch.inference_mode():
         logits = make(values, "torch", dtype)
     before = to_f32(logits)
-    pg.apply_token_mask(logits, torch.from_numpy(bitmask))
+    with cpu_kernel(kernel):
+        pg.apply_token_mask(logits, torch.from_numpy(bitmask))
     np.testing.assert_array_equal(to_f32(logits), reference(before, bitmask))
 
 
@@ -196,6 +206,7 @@ def test_few_blocked_torch_rows_on_both_routes(dtype, route, pick_rows, monkeypa
     from portable_guided.kernels import host
 
     monkeypatch.delenv("PORTABLE_GUIDED_CPU_THREADS", raising=False)
+    monkeypatch.setenv("PORTABLE_GUIDED_CPU_KERNEL", "numpy")  # the route is the fallback's
     monkeypatch.setenv("PORTABLE_GUIDED_CPU_XGRAMMAR", "1" if route == "xgrammar" else "0")
     calls = []
     real = host._apply_xgrammar

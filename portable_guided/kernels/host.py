@@ -1,5 +1,9 @@
 """The CPU kernel: vectorized NumPy on the bit patterns of host logits.
 
+Where the compiled kernel is built (``kernels/compiled.py``), ``apply_host`` hands the work to
+it; this NumPy kernel is the fallback with the same results, and the thread pool here serves
+both.
+
 Works on Torch, Paddle and NumPy logits through zero-copy integer views, so one kernel serves
 every framework and every float dtype (bfloat16 included). Rows are sorted into three kinds:
 
@@ -113,8 +117,16 @@ def _split_rows(start: int, stop: int, pieces: int) -> list[tuple[int, int]]:
 
 
 def apply_host(logits: Any, bitmask: Any, plan: MaskPlan) -> Any:
-    """Mask host logits in place (Torch, Paddle or NumPy); returns ``logits``."""
-    bits = host_bits(logits).reshape(plan.batch, plan.width)
+    """Mask host logits in place (Torch, Paddle or NumPy); returns ``logits``.
+
+    Uses the compiled kernel (``kernels/compiled.py``) where it is built, else NumPy."""
+    from . import compiled  # imports this module: not at the top
+
+    bits = host_bits(logits, plan.framework, plan.dtype).reshape(plan.batch, plan.width)
+    if compiled.available():
+        words = host_int32(bitmask).reshape(plan.bitmask_rows, plan.bitmask_words)
+        compiled.apply_compiled(bits, words, plan)
+        return logits
     tensor = None
     if plan.framework == "torch" and not os.environ.get(THREADS_ENV_VAR):
         import torch

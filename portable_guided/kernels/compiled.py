@@ -1,0 +1,88 @@
+"""The compiled CPU kernel (``_cpu_mask.c``): one pass over each masked row.
+
+Built with the package where a C compiler is found (``setup.py``; optional), it is the CPU
+platform's kernel for every framework; without it ``kernels/host.py`` masks with NumPy. It
+looks at each 32-token bitmask word once: all-allowed words cost a read of the word,
+all-blocked words a write of -inf, words with a few blocked tokens a store per blocked token,
+other words a branch-free select. So a JSON-like row costs one write pass and no row ever
+costs more than one read and write of its logits.
+
+Threads: the kernel joins the OpenMP team of the framework already loaded in the process
+(Torch's libgomp), instead of starting threads that would compete with that team's threads,
+which keep spinning for a while after each op (bench/results/apply_cpu_after_matmul.json:
+fp32 JSON masks 2.5 ms on one thread, 1.3 ms in Torch's team of two, 3.3 ms with a second
+thread of our own). Where no OpenMP runtime is loaded (NumPy-only processes), large work is
+split over the NumPy kernel's thread pool. ``PORTABLE_GUIDED_CPU_THREADS=N`` sets the thread
+count (1: the calling thread only).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ..validation import MaskPlan
+from .host import NEG_INF_BITS, THREADS_ENV_VAR, _run_split, _split_rows, _threads
+
+__all__ = ["KERNEL_ENV_VAR", "available", "apply_compiled"]
+
+# "numpy" forces the NumPy kernel even where the compiled one is built (for comparison);
+# "compiled" makes its absence an error instead of a silent fallback.
+KERNEL_ENV_VAR = "PORTABLE_GUIDED_CPU_KERNEL"
+
+# Work smaller than this many tokens stays on the calling thread (Torch's own grain size for
+# parallel ops). Above it the team was never slower, even at one row of 49k tokens, since
+# right after a forward its threads are still spinning (bench/bench_apply.py --position
+# after-matmul --batches 1,2,4,8 --impls ours-1t,ours-team).
+PARALLEL_MIN_TOKENS = 1 << 15
+
+_module: Any = None
+_checked = False
+
+
+def available() -> bool:
+    """Whether the compiled kernel is built and not turned off by ``KERNEL_ENV_VAR``."""
+    global _module, _checked
+    choice = os.environ.get(KERNEL_ENV_VAR, "")
+    if choice not in ("", "compiled", "numpy"):
+        raise ValueError(f"{KERNEL_ENV_VAR} must be 'compiled' or 'numpy', got {choice!r}")
+    if choice == "numpy":
+        return False
+    if not _checked:
+        try:
+            from . import _cpu_mask
+
+            _module = _cpu_mask
+        except ImportError:  # built without a C compiler
+            _module = None
+        _checked = True
+    if _module is None and choice == "compiled":
+        raise ImportError(f"{KERNEL_ENV_VAR}=compiled, but portable_guided was installed "
+                          "without its compiled CPU kernel (no C compiler at install time); "
+                          "reinstall with a C compiler, or unset it to use the NumPy kernel")
+    return _module is not None
+
+
+def apply_compiled(bits: np.ndarray, bitmask: np.ndarray, plan: MaskPlan) -> None:
+    """Mask ``bits`` (the logits' 2-D unsigned view) in place from the int32 ``bitmask`` (2-D,
+    ``plan.bitmask_rows`` rows). Call only when :func:`available`."""
+    rows = plan.masked_rows
+    if bitmask.strides[-1] != bitmask.itemsize:
+        bitmask = np.ascontiguousarray(bitmask)
+    neg = NEG_INF_BITS[plan.dtype]
+    work = rows.size * plan.vocab_size
+    threads = _threads() if os.environ.get(THREADS_ENV_VAR) else 0  # 0: the team's default
+    if work < PARALLEL_MIN_TOKENS:
+        threads = 1
+    if threads != 1 and _module.openmp_runtime() is None:
+        # No framework team to join: split the rows over the kernel's own threads.
+        def mask(piece: tuple[int, int]) -> None:
+            part = rows[piece[0] : piece[1]]
+            _module.mask_rows(bits, bitmask, part, part, plan.vocab_size, neg, 1)
+
+        pieces = _split_rows(0, rows.size, threads or _threads())
+        _run_split(mask, pieces, work * bits.itemsize)
+        return
+    _module.mask_rows(bits, bitmask, rows, rows, plan.vocab_size, neg, threads)
