@@ -57,7 +57,8 @@ def apply_token_mask(
         pg.apply_token_mask(logits, bitmask)             # logits[:, 1:] is now -inf
     """
     resolution = REGISTRY.resolve(logits, platform)
-    plan = plan_mask(logits, bitmask, indices=indices, vocab_size=vocab_size, stacklevel=2)
+    plan = plan_mask(logits, bitmask, indices=indices, vocab_size=vocab_size, stacklevel=2,
+                     framework=resolution.framework, device_type=resolution.device_type)
     if plan.is_noop:
         return logits
     return resolution.kernel(logits, bitmask, plan)

@@ -94,12 +94,17 @@ def plan_mask(
     indices: Any = None,
     vocab_size: int | None = None,
     stacklevel: int = 2,
+    framework: str | None = None,
+    device_type: str | None = None,
 ) -> MaskPlan:
     """Check the arguments of ``apply_token_mask`` and describe the work.
 
+    ``framework`` and ``device_type`` of the logits may be passed when already known (the
+    registry's resolution has them), which saves looking them up again.
+
     Raises ``TypeError`` or ``ValueError`` naming the offending values.
     """
-    framework = framework_of(logits)
+    framework = framework or framework_of(logits)
     dtype = dtype_name(logits, framework)
     shape = tuple(logits.shape)
     if len(shape) not in (1, 2):
@@ -123,7 +128,7 @@ def plan_mask(
             f"bitmask should be 1-D or 2-D, got {len(bitmask_shape)}-D with shape {bitmask_shape}"
         )
 
-    device_type = device_type_of(logits, framework)
+    device_type = device_type or device_type_of(logits, framework)
     bitmask_device = device_type_of(bitmask, bitmask_framework)
     if bitmask_device not in ("cpu", device_type):
         raise ValueError(

@@ -194,6 +194,23 @@ def test_inference_mode_logits(dtype, kernel, monkeypatch):
 
 
 @pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kernel", ["compiled", "numpy"])
+def test_logits_that_require_grad(dtype, kernel):
+    """A forward's output outside ``no_grad`` (requires grad, not a leaf) is masked in place."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(9)
+    bitmask = _bitmask(rng, "mixed", 3, 4)
+    weight = torch.ones(1, requires_grad=True)
+    logits = torch.from_numpy(rng.standard_normal((3, 128)).astype(np.float32)).to(
+        getattr(torch, dtype)) * weight
+    before = to_f32(logits.detach())
+    with cpu_kernel(kernel):
+        pg.apply_token_mask(logits, torch.from_numpy(bitmask))
+    np.testing.assert_array_equal(to_f32(logits.detach()), reference(before, bitmask))
+
+
+@pytest.mark.torch
 @pytest.mark.xgrammar
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("route", ["xgrammar", "numpy"])

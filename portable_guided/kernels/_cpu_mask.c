@@ -8,8 +8,8 @@
  * So a JSON-like row costs a write pass, a row inside a string a few scattered stores and an
  * all-allowed row a read of its bitmask: never more than one read and write of the logits.
  *
- * Logits are passed as their bit patterns (uint32 for float32, uint16 for float16/bfloat16)
- * through the buffer protocol; the GIL is released while rows are masked, so callers can
+ * Logits come through the buffer protocol as any array of 4- or 2-byte items (float32,
+ * float16, an int16 view of bfloat16) and are written as bit patterns; the GIL is released while rows are masked, so callers can
  * split rows over threads. No NumPy headers: only the CPython API.
  */
 #define PY_SSIZE_T_CLEAN
@@ -242,8 +242,9 @@ static int get_rows(PyObject *obj, Py_buffer *view, const char *name) {
 PyDoc_STRVAR(mask_rows_doc,
 "mask_rows(bits, bitmask, rows, bitmask_rows, vocab, neg, threads=0)\n--\n\n"
 "Write ``neg`` into ``bits[rows[i], t]`` for every ``t < vocab`` whose bit is clear in\n"
-"``bitmask[bitmask_rows[i]]``. ``bits``: writable 2-D uint32 or uint16 array (the logits'\n"
-"bit patterns; rows may be strided, columns contiguous); ``bitmask``: 2-D uint32/int32 array\n"
+"``bitmask[bitmask_rows[i]]``. ``bits``: the logits as a writable 2-D array of 4- or 2-byte\n"
+"items (float32, float16, or any integer view of bfloat16: only the item size is read; rows\n"
+"may be strided, columns contiguous); ``bitmask``: 2-D uint32/int32 array\n"
 "with contiguous rows; ``rows``/``bitmask_rows``: equal-length contiguous int64 arrays;\n"
 "``neg``: the -inf bit pattern. ``threads``: 1 masks on the calling thread, N > 1 in a team of\n"
 "N of the process's OpenMP threads, 0 as many as that runtime's default (one thread without\n"

@@ -66,16 +66,20 @@ def available() -> bool:
 
 
 def apply_compiled(bits: np.ndarray, bitmask: np.ndarray, plan: MaskPlan) -> None:
-    """Mask ``bits`` (the logits' 2-D unsigned view) in place from the int32 ``bitmask`` (2-D,
-    ``plan.bitmask_rows`` rows). Call only when :func:`available`."""
-    rows = plan.masked_rows
+    """Mask ``bits`` (a 2-D NumPy array over the logits' memory, of any 2- or 4-byte items:
+    ``dlpack.host_array``) in place from the int32 ``bitmask`` (2-D, ``plan.bitmask_rows``
+    rows). Call only when :func:`available`.
+
+    Right after a forward this runs with cold caches, where each Python step costs tens of
+    microseconds (more than masking an all-allowed batch), so the path is kept short."""
+    rows = plan.rows if plan.rows is not None else _every_row(plan.batch)
     if bitmask.strides[-1] != bitmask.itemsize:
         bitmask = np.ascontiguousarray(bitmask)
-    neg = NEG_INF_BITS[plan.dtype]
-    work = rows.size * plan.vocab_size
-    threads = _threads() if os.environ.get(THREADS_ENV_VAR) else 0  # 0: the team's default
-    if work < PARALLEL_MIN_TOKENS:
+    threads_setting = os.environ.get(THREADS_ENV_VAR)
+    threads = _threads() if threads_setting else 0  # 0: the team's default
+    if rows.size * plan.vocab_size < PARALLEL_MIN_TOKENS:
         threads = 1
+    neg = NEG_INF_BITS[plan.dtype]
     if threads != 1 and _module.openmp_runtime() is None:
         # No framework team to join: split the rows over the kernel's own threads.
         def mask(piece: tuple[int, int]) -> None:
@@ -83,6 +87,20 @@ def apply_compiled(bits: np.ndarray, bitmask: np.ndarray, plan: MaskPlan) -> Non
             _module.mask_rows(bits, bitmask, part, part, plan.vocab_size, neg, 1)
 
         pieces = _split_rows(0, rows.size, threads or _threads())
-        _run_split(mask, pieces, work * bits.itemsize)
+        _run_split(mask, pieces, rows.size * plan.vocab_size * bits.itemsize)
         return
     _module.mask_rows(bits, bitmask, rows, rows, plan.vocab_size, neg, threads)
+
+
+_row_ranges: dict[int, np.ndarray] = {}
+
+
+def _every_row(batch: int) -> np.ndarray:
+    """``arange(batch)`` as int64, made once per batch size (read-only: shared)."""
+    rows = _row_ranges.get(batch)
+    if rows is None:
+        rows = np.arange(batch, dtype=np.int64)
+        rows.flags.writeable = False
+        if len(_row_ranges) < 1024:  # engines use a few batch sizes; bound it anyway
+            _row_ranges[batch] = rows
+    return rows

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dlpack import host_bits, host_int32
+from ..dlpack import host_array, host_bits, host_int32
 from ..validation import MaskPlan
 
 __all__ = ["apply_host", "apply_host_arrays", "NEG_INF_BITS"]
@@ -77,6 +77,7 @@ PARALLEL_MIN_BYTES = 4 << 20
 _DEFAULT_THREADS = min(4, os.cpu_count() or 1)
 
 _pool: ThreadPoolExecutor | None = None
+_compiled: Any = None  # kernels/compiled.py, imported on the first call
 _pool_size = 0
 _pool_lock = threading.Lock()
 
@@ -120,13 +121,15 @@ def apply_host(logits: Any, bitmask: Any, plan: MaskPlan) -> Any:
     """Mask host logits in place (Torch, Paddle or NumPy); returns ``logits``.
 
     Uses the compiled kernel (``kernels/compiled.py``) where it is built, else NumPy."""
-    from . import compiled  # imports this module: not at the top
-
-    bits = host_bits(logits, plan.framework, plan.dtype).reshape(plan.batch, plan.width)
-    if compiled.available():
-        words = host_int32(bitmask).reshape(plan.bitmask_rows, plan.bitmask_words)
-        compiled.apply_compiled(bits, words, plan)
+    global _compiled
+    if _compiled is None:
+        from . import compiled as _compiled  # it imports this module: not at the top
+    if _compiled.available():
+        array, words = host_array(logits, plan.framework, plan.dtype), host_int32(bitmask)
+        _compiled.apply_compiled(array.reshape(1, -1) if array.ndim == 1 else array,
+                                 words.reshape(1, -1) if words.ndim == 1 else words, plan)
         return logits
+    bits = host_bits(logits, plan.framework, plan.dtype).reshape(plan.batch, plan.width)
     tensor = None
     if plan.framework == "torch" and not os.environ.get(THREADS_ENV_VAR):
         import torch
