@@ -104,7 +104,7 @@ class _Walker:
             return compiled, time.perf_counter() - t0
         assert self.pool is not None
         status, text, seconds = self.pool.run(self.engine, spec.to_dict(), self.timeout_s,
-                                              serialize_always=True)
+                                              serialize="always")
         if status != "ok":
             raise GrammarCompileError(str(text), engine=self.engine)
         if self.engine == "xgrammar":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,9 @@ class CompiledGrammar:
     engine: Engine
     grammar: Any
     nbytes: int
-    #: "compile", "local" (fast compile redone in this process), "disk" or "memory".
+    #: "compile", "local" (compiled in this process: no time limit, or a fast compile
+    #: redone here), "race" (this process's compile won a race with the worker), "disk" or
+    #: "memory".
     source: str
     compile_s: float
 
@@ -58,6 +60,17 @@ class CompileService:
     (xgrammar) runs in a worker process that is killed at the deadline; engines whose
     ``Engine.bounds_own_compile`` is set (llguidance) and every engine with ``timeout_s=None``
     compile in threads of this process.
+
+    ``race=True`` (latency first): each worker compile is raced by the same compile in a
+    thread of this process, and the first to finish decides. A grammar is then never shipped
+    or compiled twice in a row, so a miss costs about one compile instead of the worker's
+    round trip plus a recompile or a deserialization (bench/bench_compile.py). The time
+    limit still holds for the request: when the worker is killed at the deadline the
+    request fails as without racing. What racing gives up: every compile runs twice (one
+    core each), and a compile that never ends keeps running in its thread (CPU and memory)
+    until it does; while one such compile runs, no new race starts (compiles go through the
+    worker alone). An engine crash in the raced compile would take this process down.
+    Off by default.
     """
 
     def __init__(
@@ -74,6 +87,7 @@ class CompileService:
         failure_ttl_s: float = 30.0,
         local_below_s: float = LOCAL_BELOW_S,
         metrics: Metrics | None = None,
+        race: bool = False,
     ) -> None:
         if engine != "auto" and engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose from {['auto', *ENGINES]}")
@@ -100,6 +114,13 @@ class CompileService:
         self._threads = ThreadPoolExecutor(max(2, workers + 1), thread_name_prefix="pg-compile")
         self._in_process = frozenset(
             name for name in self.order if engine_class(name).bounds_own_compile)
+        self._race = bool(race)
+        # Waits on the worker's side of each race (at most the time limit each).
+        self._race_legs = ThreadPoolExecutor(workers + 1, thread_name_prefix="pg-race-leg")
+        #: A raced compile in this process still running after its worker was killed at the
+        #: deadline; no race starts until it ends.
+        self.runaway: Future[Any] | None = None
+        self._legs: set[Future[Any]] = set()
         self._pool: WorkerPool | None = None
         if timeout_s is not None and not set(self.order) <= self._in_process:
             self._pool = WorkerPool(
@@ -136,6 +157,7 @@ class CompileService:
         if self._pool is not None:
             self._pool.close()
         self._threads.shutdown(wait=False, cancel_futures=True)
+        self._race_legs.shutdown(wait=False, cancel_futures=True)
 
     # -- submitting ------------------------------------------------------------------------
     def submit(self, spec: GrammarSpec) -> Future[CompiledGrammar]:
@@ -232,19 +254,16 @@ class CompileService:
     def _compile_new(self, engine: Engine, name: str, spec: GrammarSpec,
                      disk_key: str | None) -> CompiledGrammar:
         t0 = time.perf_counter()
+        text: str | None = None
         if self._pool is None or name in self._in_process:
-            try:
-                spec.run_deferred_check()
-                grammar = engine.compile(spec)
-            except UnsupportedSpec as exc:
-                raise GrammarCompileError(f"unsupported spec: {exc}", engine=name) from exc
-            except Exception as exc:
-                raise GrammarCompileError(f"{type(exc).__name__}: {exc}", engine=name) from exc
-            source, text = "local", None
+            grammar, source = _compile_here(engine, name, spec), "local"
+        elif self._race and self.runaway is None:
+            grammar, source = self._compile_raced(engine, name, spec), "race"
         else:
             assert self.timeout_s is not None
             status, text, worker_s = self._pool.run(
-                name, spec.to_dict(), self.timeout_s, serialize_always=self._disk is not None
+                name, spec.to_dict(), self.timeout_s,
+                serialize="always" if self._disk is not None else "auto",
             )
             t_reply = time.perf_counter()
             if status == "unsupported":
@@ -266,6 +285,67 @@ class CompileService:
                 text = engine.serialize(grammar)
             self._disk.put(disk_key, text)
         return CompiledGrammar(engine, grammar, engine.nbytes(grammar), source, seconds)
+
+    def _compile_raced(self, engine: Engine, name: str, spec: GrammarSpec) -> Any:
+        """Compile here and in a worker at once; the first to finish decides (class doc)."""
+        assert self._pool is not None and self.timeout_s is not None
+        here: Future[Any] = Future()
+
+        def compile_here() -> None:
+            try:
+                here.set_result(_compile_here(engine, name, spec))
+            except BaseException as exc:  # noqa: BLE001 - delivered to the waiting compile
+                here.set_exception(exc)
+
+        # A daemon thread: a compile that never ends must not hold up the interpreter's exit.
+        threading.Thread(target=compile_here, name="pg-compile-race", daemon=True).start()
+        worker = self._race_legs.submit(self._pool.run, name, spec.to_dict(), self.timeout_s,
+                                        "never")
+        self._legs.add(worker)
+        worker.add_done_callback(self._legs.discard)
+        wait([here, worker], return_when=FIRST_COMPLETED)
+        if here.done():
+            self.metrics.inc("races_won_here")
+            return here.result()  # the grammar, or its compile error
+        try:
+            status, reply, _ = worker.result()
+        except GrammarTimeout:
+            if not here.done():
+                self.runaway = here
+                self.metrics.inc("race_runaways")
+                log.warning("%r: compile still running in this process after the worker was "
+                            "killed at the deadline; no race starts until it ends", spec)
+                here.add_done_callback(self._runaway_ended)
+            raise
+        if status == "unsupported":
+            raise GrammarCompileError(f"unsupported spec: {reply}", engine=name)
+        if status != "ok":
+            raise GrammarCompileError(str(reply), engine=name)
+        # The worker finished first, proving the compile ends: this process's ends too.
+        self.metrics.inc("races_won_worker")
+        return here.result()
+
+    @property
+    def race_legs_running(self) -> int:
+        """Worker sides of races still compiling (they go on after this process's side won;
+        a benchmark waits for them so that the next measurement has the cores)."""
+        return len(self._legs)
+
+    def _runaway_ended(self, done: Future[Any]) -> None:
+        if self.runaway is done:
+            self.runaway = None
+            log.info("the runaway raced compile ended; races resume")
+
+
+def _compile_here(engine: Engine, name: str, spec: GrammarSpec) -> Any:
+    """Compile ``spec`` in this thread, errors as :class:`GrammarCompileError`."""
+    try:
+        spec.run_deferred_check()
+        return engine.compile(spec)
+    except UnsupportedSpec as exc:
+        raise GrammarCompileError(f"unsupported spec: {exc}", engine=name) from exc
+    except Exception as exc:
+        raise GrammarCompileError(f"{type(exc).__name__}: {exc}", engine=name) from exc
 
 
 def _combine(errors: list[GrammarCompileError]) -> GrammarCompileError:

@@ -58,7 +58,8 @@ class Metrics:
         "compiles", "compile_errors", "compile_timeouts", "cache_hits_memory", "cache_hits_disk",
         "cache_hits_failure", "cache_misses", "inflight_dedup", "engine_fallbacks",
         "workers_killed", "requests", "requests_failed", "tokens_accepted", "tokens_rejected",
-        "rollbacks", "fill_steps", "fill_rows", "forced_stops",
+        "rollbacks", "fill_steps", "fill_rows", "forced_stops", "races_won_here",
+        "races_won_worker", "race_runaways",
     )
     #: Timings every runtime reports, even before their first sample.
     TIMINGS = ("compile", "compile_wait", "fill")

@@ -54,7 +54,11 @@ class GrammarRuntime:
     ``parallel_fill_min_us`` (cheaper steps are filled in the calling thread, since handing
     them to threads costs more than it saves); ``cache_bytes`` bounds the in-memory cache
     of compiled grammars; ``disk_cache_dir`` enables the on-disk cache shared by processes
-    and tensor-parallel ranks; failed compiles are remembered for ``failure_ttl_s``.
+    and tensor-parallel ranks; failed compiles are remembered for ``failure_ttl_s``;
+    ``compile_race=True`` races each worker compile with the same compile in this process
+    for about one compile's latency instead of the worker's round trip (it costs a second
+    core per compile and can leave a never-ending compile running in this process: see
+    ``CompileService``).
     """
 
     def __init__(
@@ -71,6 +75,7 @@ class GrammarRuntime:
         auto_order: tuple[str, ...] = ("llguidance", "xgrammar"),
         local_recompile_below_s: float = 0.1,
         parallel_fill_min_us: float = 400.0,
+        compile_race: bool = False,
     ) -> None:
         if isinstance(tokenizer_info, str):
             tokenizer_info = load_tokenizer_info(tokenizer_info)
@@ -92,6 +97,7 @@ class GrammarRuntime:
             workers=compile_workers, fill_threads=fill_threads, cache_bytes=cache_bytes,
             disk_cache_dir=disk_cache_dir, failure_ttl_s=failure_ttl_s,
             local_below_s=local_recompile_below_s, metrics=self.metrics_sink,
+            race=compile_race,
         )
         self._executor = ThreadPoolExecutor(4, thread_name_prefix="pg-runtime")
         self._serials = iter(range(1 << 62))

@@ -101,7 +101,7 @@ def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
             return
         if job is None:
             return
-        job_id, engine_name, spec_dict, serialize_always = job
+        job_id, engine_name, spec_dict, serialize = job
         t0 = time.perf_counter()
         try:
             engine = engines[engine_name]
@@ -109,7 +109,8 @@ def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
             spec.run_deferred_check()
             compiled = engine.compile(spec)
             seconds = time.perf_counter() - t0
-            text = engine.serialize(compiled) if serialize_always or seconds >= local_below_s else None
+            ship = serialize == "always" or (serialize == "auto" and seconds >= local_below_s)
+            text = engine.serialize(compiled) if ship else None
             conn.send((job_id, ("ok", text, seconds)))
         except UnsupportedSpec as exc:
             conn.send((job_id, ("unsupported", str(exc), time.perf_counter() - t0)))
@@ -242,9 +243,15 @@ class WorkerPool:
 
     # -- running ---------------------------------------------------------------------------
     def run(self, engine: str, spec_dict: dict[str, Any], timeout_s: float,
-            serialize_always: bool = False) -> WorkerReply:
+            serialize: str = "auto") -> WorkerReply:
         """Compile in a worker; raises :class:`GrammarTimeout` (after killing the worker) when
-        no reply came within ``timeout_s`` of handing the job over."""
+        no reply came within ``timeout_s`` of handing the job over.
+
+        ``serialize``: ``"auto"`` ships the grammar when its compile took at least
+        ``local_below_s``, ``"always"`` ships it, ``"never"`` only reports that it compiled
+        (the parent compiled it too: ``CompileService(race=True)``)."""
+        if serialize not in ("auto", "always", "never"):
+            raise ValueError(f"serialize must be 'auto', 'always' or 'never', got {serialize!r}")
         try:
             worker = self._idle.get(timeout=self._start_timeout_s)
         except queue.Empty:
@@ -256,7 +263,7 @@ class WorkerPool:
         job_id = next(self._ids)
         t0 = time.monotonic()
         try:
-            worker.conn.send((job_id, engine, spec_dict, serialize_always))
+            worker.conn.send((job_id, engine, spec_dict, serialize))
             if worker.conn.poll(timeout_s):
                 reply_id, reply = worker.conn.recv()
                 if reply_id != job_id:

@@ -229,3 +229,72 @@ def test_self_bounded_engine_compiles_in_process(deepseek):
     with GrammarRuntime(deepseek, "auto", compile_timeout_s=5.0) as rt:
         # Only xgrammar, which does not bound its work, is loaded into the workers.
         assert set(rt._service._worker_engines()) == {"xgrammar"}
+
+
+def test_race_compiles_once_here_with_the_worker_path_masks(deepseek):
+    """``compile_race``: the grammar comes from this process's compile (no second compile,
+    nothing shipped) and gives the masks the worker path gives."""
+    spec = GrammarSpec.json_schema({"type": "object", "properties": {
+        "n": {"type": "integer"}, "s": {"type": "string"}}, "required": ["n", "s"]})
+    prefix = deepseek.encode('{"n": 12, "s": "ab')
+    masks = []
+    with GrammarRuntime(deepseek, "xgrammar", compile_timeout_s=30.0,
+                        compile_race=True) as raced, \
+            GrammarRuntime(deepseek, "xgrammar", compile_timeout_s=30.0) as plain:
+        compiled = raced.compile(spec)
+        assert compiled.source == "race"
+        m = raced.metrics()
+        assert m["races_won_here"] + m["races_won_worker"] == 1 and m["race_runaways"] == 0
+        assert plain.compile(spec).source != "race"
+        for rt in (raced, plain):
+            req = rt.new_request(spec).wait(120)
+            assert req.accept_tokens(prefix) == len(prefix)
+            bm = rt.allocate_bitmask(1)
+            rt.fill_bitmask([req], bm)
+            masks.append(bm)
+    assert np.array_equal(*masks)
+    assert 0 < np.unpackbits(masks[0].view(np.uint8)).sum() < deepseek.vocab_size
+
+
+RACE_TIME_LIMIT_SCRIPT = textwrap.dedent('''
+    import json, os, sys, time
+    sys.path.insert(0, {tests!r})
+    from test_compile_service import nested_any_of
+    from portable_guided.runtime import GrammarRuntime, GrammarSpec, GrammarTimeout
+    from portable_guided.runtime import load_tokenizer_info
+
+    info = load_tokenizer_info("deepseek", vocab_size=129_344)
+    rt = GrammarRuntime(info, "xgrammar", compile_timeout_s={limit}, compile_race=True)
+    rt.compile(GrammarSpec.regex("[0-9]+"))  # won here: the worker may still be starting
+    while not rt.worker_pids():  # the limit counts from handing the job to a worker
+        time.sleep(0.05)
+    time.sleep(1.0)  # and that worker has finished the regex's side of the race
+    t0 = time.monotonic()
+    try:
+        rt.compile(GrammarSpec.json_schema(nested_any_of(12)))
+        outcome = "compiled"
+    except GrammarTimeout:
+        outcome = "timeout"
+    elapsed = time.monotonic() - t0
+    runaway = rt._service.runaway is not None
+    # While the runaway compile runs here, a new compile goes through the worker alone.
+    after = rt.compile(GrammarSpec.regex("[a-z]+")).source
+    print(json.dumps(dict(outcome=outcome, elapsed=elapsed, runaway=runaway, after=after,
+                          metrics=rt.metrics())), flush=True)
+    os._exit(0)  # the runaway compile ends with the process
+''')
+
+
+def test_race_keeps_the_time_limit_and_pauses_while_a_compile_runs_away(tmp_path):
+    limit = 2.0
+    script = RACE_TIME_LIMIT_SCRIPT.format(tests=os.path.dirname(__file__), limit=limit)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=280, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["outcome"] == "timeout"
+    assert result["elapsed"] <= 1.5 * limit, result["elapsed"]
+    assert result["runaway"] is True
+    assert result["after"] in ("local", "compile")  # not "race": races are paused
+    m = result["metrics"]
+    assert m["race_runaways"] == 1 and m["workers_killed"] == 1 and m["compile_timeouts"] == 1
