@@ -35,9 +35,10 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO_ROOT / name, source / name)
     out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir",
-                           str(out), str(source)], capture_output=True, text=True,
-                          timeout=600, check=False)
+    # No --sdist/--wheel: the wheel is built from the sdist, as pip builds it from PyPI, so
+    # the sdist must carry everything the build needs (setup.py, the C source).
+    done = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(source)],
+                          capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (sdist,) = out.glob("*.tar.gz")
     (wheel,) = out.glob("*.whl")
@@ -86,6 +87,17 @@ def test_wheel_metadata_license_urls_and_version(dists: dict[str, Path]) -> None
     assert "Typing :: Typed" in classifiers
     assert "Programming Language :: Python :: 3.10" in classifiers
     assert any(n.endswith("portable_guided/py.typed") for n in names)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                    reason="no C compiler: the wheel is built without the compiled kernel")
+def test_wheel_built_from_the_sdist_has_the_compiled_kernel(dists: dict[str, Path]) -> None:
+    with tarfile.open(dists["sdist"]) as tar:
+        sdist_names = tar.getnames()
+    assert not [n for n in sdist_names if n.endswith((".so", ".pyd", ".dylib"))]
+    with zipfile.ZipFile(dists["wheel"]) as whl:
+        kernels = [n for n in whl.namelist() if n.startswith("portable_guided/kernels/_cpu_mask")]
+    assert any(n.endswith((".so", ".pyd")) for n in kernels), kernels
 
 
 def test_twine_check_passes(dists: dict[str, Path]) -> None:
