@@ -1,6 +1,9 @@
 """``portable-guided doctor`` checks every implementation here and reports it."""
 
+import importlib.util
 import json
+
+import pytest
 
 from portable_guided.cli import main
 from portable_guided.cli.doctor import run_checks
@@ -24,3 +27,17 @@ def test_command_prints_table_and_writes_json(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["packages"]["numpy"]
     assert all(c["ok"] for c in report["checks"])
+    assert f"cpu kernel: {report['cpu_kernel']}" in text
+
+
+def test_cpu_kernel_line_names_the_kernel_in_use(monkeypatch):
+    from portable_guided.kernels import compiled
+
+    monkeypatch.setenv(compiled.KERNEL_ENV_VAR, "numpy")
+    assert compiled.describe() == "NumPy (PORTABLE_GUIDED_CPU_KERNEL=numpy)"
+    monkeypatch.delenv(compiled.KERNEL_ENV_VAR)
+    if importlib.util.find_spec("portable_guided.kernels._cpu_mask") is None:
+        assert compiled.describe().startswith("NumPy (the compiled kernel was not built")
+        return
+    pytest.importorskip("torch")  # loads its OpenMP runtime (libgomp on Linux wheels)
+    assert compiled.describe().startswith("compiled (joins the ")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._frameworks import FRAMEWORKS, device_type_of
+from ..kernels import compiled
 
 if TYPE_CHECKING:
     from ..platform import Platform
@@ -149,6 +150,8 @@ def _run(args: argparse.Namespace) -> int:
     if missing:
         print("not installed: " + ", ".join(missing))
     checks = run_checks(args.batch, args.vocab)
+    cpu_kernel = compiled.describe()  # after the checks: their frameworks are loaded now
+    print(f"cpu kernel: {cpu_kernel}")
     header = f"{'framework':9} {'device':6} {'platform':16} {'strategy':20} {'check':6} " \
              f"{f'apply {args.batch}x{args.vocab}':>18}  kernel"
     print(header)
@@ -164,5 +167,6 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{len(checks) - failed} of {len(checks)} implementations match the reference")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"packages": versions, "checks": [asdict(c) for c in checks]}, f, indent=1)
+            json.dump({"packages": versions, "cpu_kernel": cpu_kernel,
+                       "checks": [asdict(c) for c in checks]}, f, indent=1)
     return 1 if failed else 0

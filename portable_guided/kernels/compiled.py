@@ -26,7 +26,7 @@ import numpy as np
 from ..validation import MaskPlan
 from .host import NEG_INF_BITS, THREADS_ENV_VAR, _run_split, _split_rows, _threads
 
-__all__ = ["KERNEL_ENV_VAR", "available", "apply_compiled"]
+__all__ = ["KERNEL_ENV_VAR", "available", "apply_compiled", "describe"]
 
 # "numpy" forces the NumPy kernel even where the compiled one is built (for comparison);
 # "compiled" makes its absence an error instead of a silent fallback.
@@ -63,6 +63,18 @@ def available() -> bool:
                           "without its compiled CPU kernel (no C compiler at install time); "
                           "reinstall with a C compiler, or unset it to use the NumPy kernel")
     return _module is not None
+
+
+def describe() -> str:
+    """One line for operators (``portable-guided doctor``): which CPU kernel serves host
+    logits and, for the compiled one, which OpenMP runtime's threads it joins."""
+    if os.environ.get(KERNEL_ENV_VAR) == "numpy":
+        return f"NumPy ({KERNEL_ENV_VAR}=numpy)"
+    if not available():
+        return "NumPy (the compiled kernel was not built: no C compiler at install time)"
+    runtime = _module.openmp_runtime()
+    team = f"joins the {runtime} OpenMP team" if runtime else "no OpenMP runtime loaded: own threads"
+    return f"compiled ({team})"
 
 
 def apply_compiled(bits: np.ndarray, bitmask: np.ndarray, plan: MaskPlan) -> None:
