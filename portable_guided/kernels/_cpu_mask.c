@@ -1,16 +1,17 @@
 /* The compiled CPU kernel: one pass over each masked row of host logits.
  *
  * Each 32-bit bitmask word covers 32 logits and is handled by what it holds:
- *   all ones   -> nothing is read or written (the row's memory is never touched);
+ *   all ones   -> nothing is read or written (all-allowed words are skipped 8 at a time);
  *   few zeros  -> -inf is written at each cleared bit (bit scan), touching only those lines;
  *   all zeros  -> 32 stores of -inf, no reads;
- *   otherwise  -> a branch-free select the compiler vectorizes.
+ *   otherwise  -> a branch-free select (SSE2 on x86-64, a plain loop elsewhere).
  * So a JSON-like row costs a write pass, a row inside a string a few scattered stores and an
  * all-allowed row a read of its bitmask: never more than one read and write of the logits.
  *
  * Logits come through the buffer protocol as any array of 4- or 2-byte items (float32,
- * float16, an int16 view of bfloat16) and are written as bit patterns; the GIL is released while rows are masked, so callers can
- * split rows over threads. No NumPy headers: only the CPython API.
+ * float16, an int16 view of bfloat16) and are written as bit patterns. The GIL is released
+ * while rows are masked, in the OpenMP team of the runtime the process already loaded
+ * (find_openmp below) or on the calling thread. No NumPy headers: only the CPython API.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -37,7 +38,9 @@ static inline int popcount32(uint32_t x) {
 
 #if defined(__GNUC__) || defined(__clang__)
 #define CTZ32(x) __builtin_ctz(x)
+#define PREFETCH_FOR_WRITE(p) __builtin_prefetch((p), 1)
 #else
+#define PREFETCH_FOR_WRITE(p) ((void)(p))
 static int CTZ32(uint32_t x) { int n = 0; while (!(x & 1u)) { x >>= 1; n++; } return n; }
 #endif
 
@@ -133,7 +136,7 @@ static inline void select_word16(uint16_t *p, uint32_t m, uint16_t neg) {
             uint32_t m = words[w];                                                            \
             ELEM *p = row + 32 * w;                                                           \
             if (w + PREFETCH_WORDS < last_full && words[w + PREFETCH_WORDS] != 0xFFFFFFFFu)   \
-                __builtin_prefetch(p + 32 * PREFETCH_WORDS, 1);                               \
+                PREFETCH_FOR_WRITE(p + 32 * PREFETCH_WORDS);                                  \
             if (m == 0) {                                                                     \
                 FILL_WORD(p, neg);                                                            \
             } else if (popcount32(~m) <= FEW_BLOCKED) {                                       \
