@@ -62,14 +62,25 @@ class MaskPlan:
         return np.arange(self.batch) if self.rows is None else self.rows
 
 
-def _as_index_array(indices: Any) -> np.ndarray:
+def _as_index_array(indices: Any, limit: int) -> np.ndarray:
+    """``indices`` as an int64 array; Python lists are range-checked here (an int too large
+    for int64 must be a ValueError, not NumPy's OverflowError)."""
     if isinstance(indices, (list, tuple, range)):
-        try:
-            return np.array([operator.index(i) for i in indices], dtype=np.int64)
-        except TypeError:
-            raise TypeError(
-                f"indices must hold integers, got {[type(i).__name__ for i in indices][:5]}"
-            ) from None
+        values = []
+        for i in indices:
+            # bool is an int subclass: [True, False] would silently mean rows 1 and 0.
+            if isinstance(i, (bool, np.bool_)):
+                raise TypeError(f"indices must hold integers, got a bool ({i!r})")
+            try:
+                values.append(operator.index(i))
+            except TypeError:
+                raise TypeError(
+                    f"indices must hold integers, got {[type(v).__name__ for v in indices][:5]}"
+                ) from None
+        bad = [v for v in values if not 0 <= v < limit]
+        if bad:
+            raise ValueError(f"indices {bad[:8]} out of range [0, {limit})")
+        return np.array(values, dtype=np.int64)
     try:
         framework = framework_of(indices)
     except TypeError:
@@ -82,9 +93,35 @@ def _as_index_array(indices: Any) -> np.ndarray:
     if len(indices.shape) != 1:
         raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
     if framework == "numpy":
+        if kind == "uint64" and indices.size and int(indices.max()) >= limit:
+            raise ValueError(f"indices {indices[indices >= limit][:8].tolist()} out of range "
+                             f"[0, {limit})")
         return indices.astype(np.int64)
     # A device tensor costs one device-to-host copy here; pass a list to avoid it.
     return np.asarray(indices.tolist(), dtype=np.int64)
+
+
+def _element_strides(x: Any, framework: str) -> tuple[int, ...] | None:
+    """Strides of ``x`` in elements, or None where the framework does not expose them."""
+    if framework == "torch":
+        return tuple(x.stride())
+    if framework == "numpy":
+        return tuple(s // x.itemsize for s in x.strides)
+    strides = getattr(x, "strides", None)  # Paddle 3 (strided views), in elements
+    return tuple(strides) if strides is not None else None
+
+
+def _has_internal_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """True when two different indices of a view with ``shape`` and element ``strides`` may
+    address the same element (``expand``, ``as_strided``): masking one row would write
+    another. Dimensions are taken from the smallest stride up; each must step over
+    everything the smaller ones span (a sufficient test, as Torch's own)."""
+    span = 1
+    for stride, size in sorted((abs(s), n) for n, s in zip(shape, strides) if n > 1):
+        if stride < span:
+            return True
+        span += stride * (size - 1)
+    return False
 
 
 def plan_mask(
@@ -111,6 +148,13 @@ def plan_mask(
         raise ValueError(f"logits should be 1-D or 2-D, got {len(shape)}-D with shape {shape}")
     if dtype not in LOGIT_DTYPES:
         raise TypeError(f"logits dtype must be one of {', '.join(LOGIT_DTYPES)}, got {dtype}")
+    strides = _element_strides(logits, framework)
+    if strides is not None and _has_internal_overlap(shape, strides):
+        raise ValueError(
+            f"logits elements share memory (shape {shape}, strides {strides}, e.g. from "
+            "expand): masking one row would write another; pass a tensor whose elements do "
+            "not alias (.contiguous())"
+        )
 
     try:
         bitmask_framework = framework_of(bitmask)
@@ -174,8 +218,8 @@ def plan_mask(
                 f"bitmask rows for {batch} logits rows"
             )
     else:
-        rows = _as_index_array(indices)
         limit = min(batch, bitmask_rows)
+        rows = _as_index_array(indices, limit)
         bad = rows[(rows < 0) | (rows >= limit)]
         if bad.size:
             raise ValueError(

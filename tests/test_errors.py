@@ -35,6 +35,13 @@ CASES = [
     ("float vocab", (2, 40), "float32", (2, 2), "int32", {"vocab_size": 3.0}, TypeError, "float"),
     ("unknown platform", (2, 40), "float32", (2, 2), "int32", {"platform": "tpu9"}, ValueError,
      "unknown platform 'tpu9'; available: cpu, cuda, npu, static, xla, xpu"),
+    # bool is an int subclass: [True, False] must not mean rows 1 and 0.
+    ("bool indices", (2, 40), "float32", (2, 2), "int32", {"indices": [True, False]},
+     TypeError, r"got a bool \(True\)"),
+    ("bool index array", (2, 40), "float32", (2, 2), "int32",
+     {"indices": np.array([True, False])}, TypeError, "integer dtype, got bool"),
+    ("index beyond int64", (2, 40), "float32", (2, 2), "int32", {"indices": [2**70]},
+     ValueError, r"\[1180591620717411303424\] out of range \[0, 2\)"),
 ]
 
 
@@ -120,3 +127,37 @@ def test_bitmask_on_another_device_is_rejected():
     bitmask = torch.zeros(1, 1, dtype=torch.int32, device="meta")
     with pytest.raises(ValueError, match="CPU or on the logits' device \\(cpu\\), got meta"):
         pg.apply_token_mask(logits, bitmask)
+
+
+@pytest.mark.parametrize("framework", framework_params())
+def test_logits_whose_rows_share_memory_are_refused(framework):
+    """``expand`` (stride 0) makes every row the same memory: masking row 0 would mask row 1
+    too. Refused before anything is written."""
+    if framework == "numpy":
+        logits = np.broadcast_to(np.arange(64, dtype=np.float32), (2, 64))
+    elif framework == "torch":
+        import torch
+
+        logits = torch.arange(64, dtype=torch.float32).expand(2, 64)
+    else:
+        pytest.skip("Paddle's expand copies: its tensors never alias rows")
+    bitmask = np.full((2, 2), -1, np.int32)
+    bitmask[0] = 0
+    before = np.array(to_f32(logits), copy=True)
+    with pytest.raises(ValueError, match=r"share memory \(shape \(2, 64\), strides \(0, 1\)"):
+        pg.apply_token_mask(logits, bitmask)
+    np.testing.assert_array_equal(to_f32(logits), before)
+
+
+@pytest.mark.parametrize("framework", framework_params())
+def test_logits_with_strided_columns_are_masked_like_the_reference(framework):
+    """A transposed view has non-contiguous columns but no aliasing: it is masked exactly."""
+    if framework == "paddle":
+        pytest.skip("Paddle transposes by copying")
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((64, 3)).astype(np.float32)
+    bitmask = rng.integers(-2**31, 2**31, (3, 2), dtype=np.int64).astype(np.int32)
+    expected = pg.reference_apply_token_mask(base.T.copy(), bitmask)
+    logits = make(base, framework).T
+    pg.apply_token_mask(logits, bitmask)
+    np.testing.assert_array_equal(to_f32(logits), expected)

@@ -126,9 +126,11 @@ def apply_host(logits: Any, bitmask: Any, plan: MaskPlan) -> Any:
         from . import compiled as _compiled  # it imports this module: not at the top
     if _compiled.available():
         array, words = host_array(logits, plan.framework, plan.dtype), host_int32(bitmask)
-        _compiled.apply_compiled(array.reshape(1, -1) if array.ndim == 1 else array,
-                                 words.reshape(1, -1) if words.ndim == 1 else words, plan)
-        return logits
+        # The compiled kernel walks contiguous columns; other layouts take the NumPy kernel.
+        if array.strides[-1] == array.itemsize:
+            _compiled.apply_compiled(array.reshape(1, -1) if array.ndim == 1 else array,
+                                     words.reshape(1, -1) if words.ndim == 1 else words, plan)
+            return logits
     bits = host_bits(logits, plan.framework, plan.dtype).reshape(plan.batch, plan.width)
     tensor = None
     if plan.framework == "torch" and not os.environ.get(THREADS_ENV_VAR):

@@ -10,12 +10,15 @@ Grammar engines and tokenizer libraries are imported only when first used.
 from __future__ import annotations
 
 from .errors import (
+    CompileWorkerLost,
     GrammarCompileError,
+    GrammarEngineError,
     GrammarError,
     GrammarNotReady,
     GrammarRejectedToken,
     GrammarSpecError,
     GrammarTimeout,
+    RuntimeClosed,
 )
 from .metrics import Metrics
 from .prometheus import RuntimeCollector, register_prometheus
@@ -27,7 +30,9 @@ from .tokenizer_info import TiktokenVocab, TokenizerInfo, load_tiktoken_ranks, l
 
 __all__ = [
     "ON_ERROR_POLICIES",
+    "CompileWorkerLost",
     "GrammarCompileError",
+    "GrammarEngineError",
     "GrammarError",
     "GrammarNotReady",
     "GrammarRejectedToken",
@@ -39,6 +44,7 @@ __all__ = [
     "ReasoningConfig",
     "Request",
     "RequestContext",
+    "RuntimeClosed",
     "RuntimeCollector",
     "SpecialRows",
     "TiktokenVocab",

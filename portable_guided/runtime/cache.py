@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -57,6 +58,14 @@ class ByteLRUCache(Generic[V]):
                 _, (_, size) = self._data.popitem(last=False)
                 self._bytes -= size
 
+    def remove_value(self, value: V) -> bool:
+        """Remove every entry holding ``value`` (by identity); returns whether one was."""
+        with self._lock:
+            keys = [k for k, (v, _) in self._data.items() if v is value]
+            for k in keys:
+                self._bytes -= self._data.pop(k)[1]
+            return bool(keys)
+
     @property
     def nbytes(self) -> int:
         """Bytes currently held."""
@@ -101,13 +110,20 @@ class DiskCache:
     """Serialized compiled grammars under a directory, one file per key, shared by processes.
 
     - Writes are atomic (a temporary file, then rename); each entry starts with a header
-      holding the SHA-256 of its text, so a truncated or corrupted entry is detected, logged
-      and removed instead of loaded (the caller then compiles and writes it again).
+      holding its key and the SHA-256 of its text, so a truncated, corrupted or swapped
+      entry (another key's file copied over it) is detected, logged and removed instead of
+      loaded (the caller then compiles and writes it again).
+    - Entries are opened without blocking and read only when they are regular files: a FIFO
+      or a device planted in the directory is never waited on.
     - The directory stays at or under ``max_bytes``: after each write the least recently used
       entries (by modification time; a hit touches its entry) are removed.
     - :meth:`single_flight` serializes compile-on-miss across processes with an ``flock`` per
       key: when several processes (or tensor-parallel ranks) miss the same key at once, one
       compiles and the others wait, then read its entry.
+    - A cache is an optimization: no method raises on a problem of the directory (read-only,
+      unreadable or replaced entries, a file where a folder should be...). The operation
+      degrades (a miss, no write, no lock), the first problem is logged as a warning and
+      later ones at debug level, and :attr:`problems` counts them.
     """
 
     def __init__(self, directory: str | os.PathLike[str], max_bytes: int = 2 << 30) -> None:
@@ -115,7 +131,21 @@ class DiskCache:
             raise ValueError(f"max_bytes must be an int >= 0, got {max_bytes!r}")
         self.directory = os.fspath(directory)
         self.max_bytes = max_bytes
-        os.makedirs(self.directory, exist_ok=True)
+        #: Problems met with the directory so far (each degraded one operation).
+        self.problems = 0
+        self._warned = False
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as exc:
+            self._problem("create the directory", exc)
+
+    def _problem(self, what: str, exc: BaseException) -> None:
+        self.problems += 1
+        level = logging.DEBUG if self._warned else logging.WARNING
+        self._warned = True
+        log.log(level, "disk cache %s: could not %s (%s: %s); going on without it for this "
+                "operation (no compile fails for a cache problem)", self.directory, what,
+                type(exc).__name__, exc)
 
     @staticmethod
     def make_key(**parts: Any) -> str:
@@ -127,43 +157,78 @@ class DiskCache:
         return os.path.join(self.directory, key[:2], key + ".grammar")
 
     def get(self, key: str) -> str | None:
-        """The stored text for ``key``, or None (absent, or corrupted: logged and removed)."""
+        """The stored text for ``key``, or None (absent, unreadable, or corrupted or another
+        key's entry: logged and removed)."""
         path = self._path(key)
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-        except FileNotFoundError:
+        data = self._read_regular(path)
+        if data is None:
             return None
         header, _, body = data.partition(b"\n")
         parts = header.split(b" ")
-        if len(parts) != 2 or parts[0] != _MAGIC or parts[1] != _digest(body).encode():
-            log.warning("disk cache entry %s is corrupted (%d bytes, header %r); removing it",
-                        path, len(data), header[:80])
+        if (len(parts) != 3 or parts[0] != _MAGIC or parts[1] != key.encode()
+                or parts[2] != _digest(body).encode()):
+            log.warning("disk cache entry %s is corrupted or belongs to another key (%d bytes, "
+                        "header %r); removing it", path, len(data), header[:100])
             self.remove(key)
             return None
         try:
             os.utime(path)  # most recently used: evicted last
         except OSError:
             pass
-        return body.decode("utf-8")
-
-    def put(self, key: str, text: str) -> None:
-        """Store ``text`` under ``key`` atomically, then evict down to ``max_bytes``."""
-        path = self._path(key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        body = text.encode("utf-8")
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
         try:
+            return body.decode("utf-8")
+        except UnicodeDecodeError as exc:  # pragma: no cover - checksummed above
+            self._problem(f"decode {path}", exc)
+            return None
+
+    def _read_regular(self, path: str) -> bytes | None:
+        """The bytes of ``path`` if it is a readable regular file, else None. Opened with
+        ``O_NONBLOCK``: opening a FIFO for reading would otherwise wait for a writer."""
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._problem(f"open {path}", exc)
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                self._problem(f"read {path}", OSError(f"not a regular file "
+                                                      f"(mode {oct(os.fstat(fd).st_mode)})"))
+                return None
+            chunks: list[bytes] = []
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+        except OSError as exc:
+            self._problem(f"read {path}", exc)
+            return None
+        finally:
+            os.close(fd)
+
+    def put(self, key: str, text: str) -> bool:
+        """Store ``text`` under ``key`` atomically, then evict down to ``max_bytes``; returns
+        whether it was stored."""
+        path = self._path(key)
+        body = text.encode("utf-8")
+        tmp = None
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
             with os.fdopen(fd, "wb") as fh:
-                fh.write(_MAGIC + b" " + _digest(body).encode() + b"\n" + body)
+                fh.write(_MAGIC + b" " + key.encode() + b" " + _digest(body).encode() + b"\n"
+                         + body)
             os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        except OSError as exc:
+            self._problem(f"write {path}", exc)
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            return False
         self.evict()
+        return True
 
     def remove(self, key: str) -> None:
         """Remove ``key``'s entry (e.g. one the engine could not load)."""
@@ -171,20 +236,26 @@ class DiskCache:
             os.unlink(self._path(key))
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            self._problem(f"remove {self._path(key)}", exc)
 
     def entries(self) -> list[tuple[float, int, str]]:
-        """``(mtime, bytes, path)`` of every entry, least recently used first."""
+        """``(mtime, bytes, path)`` of every entry (regular files only), least recently used
+        first."""
         found = []
-        for sub in os.scandir(self.directory):
-            if not sub.is_dir() or len(sub.name) != 2:
-                continue
-            for entry in os.scandir(sub.path):
-                if entry.name.endswith(".grammar"):
-                    try:
-                        st = entry.stat()
-                    except FileNotFoundError:  # removed by another process meanwhile
-                        continue
-                    found.append((st.st_mtime, st.st_size, entry.path))
+        try:
+            subs = [sub for sub in os.scandir(self.directory)
+                    if len(sub.name) == 2 and sub.is_dir(follow_symlinks=False)]
+            for sub in subs:
+                for entry in os.scandir(sub.path):
+                    if entry.name.endswith(".grammar") and entry.is_file(follow_symlinks=False):
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except FileNotFoundError:  # removed by another process meanwhile
+                            continue
+                        found.append((st.st_mtime, st.st_size, entry.path))
+        except OSError as exc:
+            self._problem(f"list {self.directory}", exc)
         return sorted(found)
 
     def evict(self) -> int:
@@ -201,6 +272,8 @@ class DiskCache:
                 removed += 1
             except FileNotFoundError:
                 pass
+            except OSError as exc:
+                self._problem(f"evict {path}", exc)
             total -= size
         if removed:
             log.info("disk cache %s: evicted %d entries to stay within %d bytes",
@@ -213,18 +286,29 @@ class DiskCache:
 
         Other processes entering with the same key wait (up to ``wait_s`` seconds, default
         forever) until this one leaves, then find its entry. The operating system releases
-        the lock if the holder dies. Without ``fcntl`` (Windows) nothing is locked.
+        the lock if the holder dies. Without ``fcntl`` (Windows), or when the lock file
+        cannot be made, nothing is locked (each process compiles).
         """
         try:
             import fcntl
         except ImportError:  # pragma: no cover - no flock: every process compiles
             yield False
             return
-        folder = os.path.join(self.directory, "locks")
-        os.makedirs(folder, exist_ok=True)
-        fd = os.open(os.path.join(folder, key + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        path = os.path.join(self.directory, "locks", key + ".lock")
         try:
-            held = _flock(fcntl, fd, wait_s)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o644)
+        except OSError as exc:
+            self._problem(f"lock {path}", exc)
+            yield False
+            return
+        try:
+            try:
+                held = _flock(fcntl, fd, wait_s)
+            except OSError as exc:  # e.g. ENOLCK on a network file system
+                self._problem(f"lock {path}", exc)
+                yield False
+                return
             if not held:
                 log.warning("disk cache: waited %.1f s for another process compiling %s; "
                             "compiling here too", wait_s, key[:16])
@@ -237,7 +321,8 @@ class DiskCache:
             os.close(fd)
 
 
-_MAGIC = b"portable-guided-grammar-v1"
+#: Entry header: magic, key, SHA-256 of the body (v2: the key binds an entry to its name).
+_MAGIC = b"portable-guided-grammar-v2"
 
 
 def _digest(body: bytes) -> str:

@@ -4,16 +4,25 @@ byte-bounded memory cache, optional on-disk cache, failure cache, real time limi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
 from .cache import ByteLRUCache, DiskCache, FailureCache
-from .engines import ENGINES, Engine, UnsupportedSpec, create_engine, engine_class
-from .errors import GrammarCompileError, GrammarTimeout
+from .engines import (
+    ENGINES,
+    EmptyLanguage,
+    Engine,
+    UnsupportedSpec,
+    compile_checked,
+    create_engine,
+    engine_class,
+)
+from .errors import CompileWorkerLost, GrammarCompileError, GrammarTimeout, RuntimeClosed
 from .metrics import Metrics
 from .specs import GrammarSpec
 from .tokenizer_info import TokenizerInfo
@@ -24,7 +33,7 @@ __all__ = ["RUNTIME_CACHE_VERSION", "CompileService", "CompiledGrammar"]
 log = logging.getLogger(__name__)
 
 #: Bumped whenever the meaning of a cached grammar changes (part of the disk cache key).
-RUNTIME_CACHE_VERSION = "2"  # 2: checksummed entries
+RUNTIME_CACHE_VERSION = "3"  # 2: checksummed entries; 3: empty languages refused
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
 #: receiving the worker's serialized grammar. Kept at 0.1 s by measurement (xgrammar 0.2.8,
@@ -56,10 +65,12 @@ class CompiledGrammar:
 class CompileService:
     """Compiles specs in the background for one tokenizer.
 
-    With ``timeout_s`` set, every compile of an engine that does not bound its own work
-    (xgrammar) runs in a worker process that is killed at the deadline; engines whose
-    ``Engine.bounds_own_compile`` is set (llguidance) and every engine with ``timeout_s=None``
-    compile in threads of this process.
+    With ``timeout_s`` set, every compile (every engine, and each engine ``auto`` tries) runs
+    in a worker process that is killed at the deadline; with ``timeout_s=None`` compiles run
+    in threads of this process. A worker that dies is an infrastructure fault: it is
+    replaced and the compile retried once, and its failure is never cached. After
+    :meth:`close`, pending compiles fail with :class:`RuntimeClosed` and :meth:`submit`
+    refuses new ones.
 
     ``race=True`` (latency first): each worker compile is raced by the same compile in a
     thread of this process, and the first to finish decides. A grammar is then never shipped
@@ -112,8 +123,7 @@ class CompileService:
         self._inflight: dict[str, Future[CompiledGrammar]] = {}
         self._inflight_lock = threading.Lock()
         self._threads = ThreadPoolExecutor(max(2, workers + 1), thread_name_prefix="pg-compile")
-        self._in_process = frozenset(
-            name for name in self.order if engine_class(name).bounds_own_compile)
+        self._closed = False
         self._race = bool(race)
         # Waits on the worker's side of each race (at most the time limit each).
         self._race_legs = ThreadPoolExecutor(workers + 1, thread_name_prefix="pg-race-leg")
@@ -122,7 +132,7 @@ class CompileService:
         self.runaway: Future[Any] | None = None
         self._legs: set[Future[Any]] = set()
         self._pool: WorkerPool | None = None
-        if timeout_s is not None and not set(self.order) <= self._in_process:
+        if timeout_s is not None:
             self._pool = WorkerPool(
                 self._worker_engines, size=workers, local_below_s=local_below_s,
                 on_kill=lambda: self.metrics.inc("workers_killed"),
@@ -141,8 +151,7 @@ class CompileService:
         return eng
 
     def _worker_engines(self) -> dict[str, Any]:
-        return {name: engine_class(name).tokenizer_payload(self.info)
-                for name in self.order if name not in self._in_process}
+        return {name: engine_class(name).tokenizer_payload(self.info) for name in self.order}
 
     def cache_usage(self) -> tuple[int, int]:
         """``(bytes, entries)`` held by the in-memory cache of compiled grammars."""
@@ -152,18 +161,38 @@ class CompileService:
         """Process ids of the live compile workers (empty without a time limit)."""
         return self._pool.pids() if self._pool else []
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
     def close(self) -> None:
-        """Stop the workers and the compile threads."""
-        if self._pool is not None:
-            self._pool.close()
+        """Stop the workers and the compile threads; every pending compile fails at once
+        with :class:`RuntimeClosed`, and later submits are refused."""
+        self._closed = True
+        with self._inflight_lock:
+            pending = list(self._inflight.values())
+            self._inflight.clear()
+        error = RuntimeClosed("the grammar runtime was closed before this compile finished")
+        for fut in pending:
+            _resolve(fut, error)
         self._threads.shutdown(wait=False, cancel_futures=True)
         self._race_legs.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.close()
+
+    def discard(self, compiled: CompiledGrammar) -> bool:
+        """Drop ``compiled`` from the memory cache (an engine failed on it mid-request, which
+        may have left state shared by its matchers broken); returns whether it was there."""
+        return self._memory.remove_value(compiled)
 
     # -- submitting ------------------------------------------------------------------------
     def submit(self, spec: GrammarSpec) -> Future[CompiledGrammar]:
         """A future of the compiled ``spec``; never blocks on a compile."""
         if not isinstance(spec, GrammarSpec):
             raise TypeError(f"spec must be a GrammarSpec, got {type(spec).__name__}")
+        if self._closed:
+            raise RuntimeClosed("the grammar runtime is closed: it takes no new compiles")
         key = f"{self.engine_choice}:{spec.key}"
         hit = self._memory.get(key)
         if hit is not None:
@@ -185,7 +214,13 @@ class CompileService:
             fut = self._inflight[key] = Future()
             fut.set_running_or_notify_cancel()
         self.metrics.inc("cache_misses")
-        self._threads.submit(self._run, key, spec, fut)
+        try:
+            self._threads.submit(self._run, key, spec, fut)
+        except RuntimeError:  # closed between the check above and here
+            with self._inflight_lock:
+                self._inflight.pop(key, None)
+            raise RuntimeClosed("the grammar runtime is closed: it takes no new compiles") \
+                from None
         return fut
 
     def _run(self, key: str, spec: GrammarSpec, fut: Future[CompiledGrammar]) -> None:
@@ -195,9 +230,13 @@ class CompileService:
             if i:
                 self.metrics.inc("engine_fallbacks")
                 log.info("%r: falling back to engine %s", spec, name)
+            if self._closed:
+                return  # close() resolved the future
             try:
                 result = self._compile_one(name, spec)
                 break
+            except RuntimeClosed:
+                return
             except GrammarCompileError as exc:
                 errors.append(exc)
             except Exception as exc:  # noqa: BLE001 - an engine bug fails this spec, not the service
@@ -205,18 +244,21 @@ class CompileService:
             (log.warning if isinstance(errors[-1], GrammarTimeout) else log.info)(
                 "%r did not compile: %s", spec, errors[-1])
         with self._inflight_lock:
-            self._inflight.pop(key, None)
+            if self._inflight.get(key) is fut:
+                del self._inflight[key]
             if result is not None:
                 self._memory.put(key, result, result.nbytes)
             else:
                 error = _combine(errors)
-                self._failures.put(key, error)
+                # A dead worker says nothing about the grammar: the next request retries.
+                if not any(isinstance(e, CompileWorkerLost) for e in errors):
+                    self._failures.put(key, error)
         if result is not None:
-            fut.set_result(result)
+            _resolve(fut, result)
         else:
             self.metrics.inc("compile_timeouts" if isinstance(error, GrammarTimeout)
                              else "compile_errors")
-            fut.set_exception(error)
+            _resolve(fut, error)
 
     def _compile_one(self, name: str, spec: GrammarSpec) -> CompiledGrammar:
         engine = self.engine(name)
@@ -255,7 +297,7 @@ class CompileService:
                      disk_key: str | None) -> CompiledGrammar:
         t0 = time.perf_counter()
         text: str | None = None
-        if self._pool is None or name in self._in_process:
+        if self._pool is None:
             grammar, source = _compile_here(engine, name, spec), "local"
         elif self._race and self.runaway is None:
             grammar, source = self._compile_raced(engine, name, spec), "race"
@@ -270,7 +312,7 @@ class CompileService:
                 raise GrammarCompileError(f"unsupported spec: {text}", engine=name)
             if status != "ok":
                 raise GrammarCompileError(str(text), engine=name)
-            if text is None:  # compiled fast in the worker: cheaper to redo than to ship
+            if text is None:  # compiled (and checked) fast in the worker: cheaper to redo
                 grammar, source = engine.compile(spec), "local"
             else:
                 grammar, source = engine.deserialize(text), "compile"
@@ -340,10 +382,11 @@ class CompileService:
 def _compile_here(engine: Engine, name: str, spec: GrammarSpec) -> Any:
     """Compile ``spec`` in this thread, errors as :class:`GrammarCompileError`."""
     try:
-        spec.run_deferred_check()
-        return engine.compile(spec)
+        return compile_checked(engine, spec)
     except UnsupportedSpec as exc:
         raise GrammarCompileError(f"unsupported spec: {exc}", engine=name) from exc
+    except EmptyLanguage as exc:
+        raise GrammarCompileError(str(exc), engine=name) from exc
     except Exception as exc:
         raise GrammarCompileError(f"{type(exc).__name__}: {exc}", engine=name) from exc
 
@@ -354,3 +397,13 @@ def _combine(errors: list[GrammarCompileError]) -> GrammarCompileError:
     detail = "; ".join(str(e) for e in errors)
     cls = GrammarTimeout if all(isinstance(e, GrammarTimeout) for e in errors) else GrammarCompileError
     return cls(f"every engine failed: {detail}")
+
+
+def _resolve(fut: Future[CompiledGrammar], outcome: CompiledGrammar | BaseException) -> None:
+    """Set ``fut``'s outcome unless it already has one (``close`` fails pending futures
+    while their compile threads may still finish)."""
+    with contextlib.suppress(InvalidStateError):
+        if isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)

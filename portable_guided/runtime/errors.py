@@ -7,12 +7,15 @@ also derive from :class:`ValueError` so generic handlers keep working.
 from __future__ import annotations
 
 __all__ = [
+    "CompileWorkerLost",
     "GrammarCompileError",
+    "GrammarEngineError",
     "GrammarError",
     "GrammarNotReady",
     "GrammarRejectedToken",
     "GrammarSpecError",
     "GrammarTimeout",
+    "RuntimeClosed",
 ]
 
 
@@ -43,6 +46,22 @@ class GrammarCompileError(GrammarError):
 
 class GrammarTimeout(GrammarCompileError):
     """A compile ran past its time limit; the worker that ran it was killed."""
+
+
+class CompileWorkerLost(GrammarCompileError):
+    """The compile worker died twice while compiling (killed, crashed, out of memory): an
+    infrastructure fault, so it is never cached as a property of the grammar; the next
+    request for the same spec compiles again."""
+
+
+class GrammarEngineError(GrammarError):
+    """The grammar engine failed while serving a request (e.g. llguidance's lexer ran past
+    its limits on a token); the request fails per its policy and the compiled grammar is
+    dropped from the memory cache."""
+
+
+class RuntimeClosed(GrammarError):
+    """The runtime was closed: pending compiles fail with it, and new requests are refused."""
 
 
 class GrammarRejectedToken(GrammarError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
@@ -12,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import GrammarNotReady, GrammarRejectedToken
+from .engines.base import first_line
+from .errors import GrammarEngineError, GrammarNotReady, GrammarRejectedToken
+from .rows import as_numpy_bitmask
 
 if TYPE_CHECKING:
     from .compile_service import CompiledGrammar
@@ -67,25 +70,39 @@ class RequestContext:
         metrics: where accepted, rejected and failed counts go.
         executor: runs the blocking calls behind the ``async`` methods.
         next_serial: a new number per request; batch fills lock requests in this order.
+        discard: called with a compiled grammar an engine failed on mid-request, to drop it
+            from the memory cache (state its matchers share may be broken).
     """
 
     rows: SpecialRows
     metrics: Metrics
     executor: Executor
     next_serial: Callable[[], int]
+    discard: Callable[[Any], object] | None = None
 
 
 class Request:
     """One sequence constrained by a grammar. Create it with ``GrammarRuntime.new_request``.
 
-    All methods are thread-safe. While the grammar compiles (``ready`` is False), tokens
-    passed to :meth:`accept` (e.g. produced by a prefill node) are queued and checked as
-    soon as the grammar is ready; ``fill_bitmask`` leaves the row of a pending request
-    untouched, so engines hold such requests back from sampling, as they do with prefill.
+    All methods are thread-safe and check their arguments before touching any state (a
+    token id outside ``[0, vocab_size)``, a bool, a row outside the bitmask: ``TypeError`` or
+    ``ValueError`` naming the value, the request unchanged).
+
+    While the grammar compiles (``ready`` is False), tokens passed to :meth:`accept` (e.g.
+    produced by a prefill node) are queued and return True; they are checked as soon as the
+    grammar is ready. A queued token the grammar rejects fails the request whatever its
+    ``on_error`` policy (the sequence already holds the token, so it cannot be resampled):
+    ``failed`` becomes True and ``error`` says which token, and the tokens queued after it
+    are not consumed. ``fill_bitmask`` leaves the row of a pending request untouched, so
+    engines hold such requests back from sampling, as they do with prefill.
+
+    A failed request's row allows only the stop tokens. Accepting a stop token then ends
+    it (``accept`` returns True) under the ``terminate`` and ``reject`` policies, so an
+    engine that resamples on rejection never loops; ``raise`` re-raises the failure.
 
     A batch fill (``GrammarRuntime.fill_bitmask``, or an engine's own batching loop) uses
     only the batch contract: :attr:`serial`, :attr:`fill_lock`, :meth:`fill_target`,
-    :attr:`engine` and :attr:`fill_cost_s`.
+    :attr:`engine`, :meth:`check_filled` and :attr:`fill_cost_s`.
     """
 
     def __init__(
@@ -100,7 +117,14 @@ class Request:
             raise ValueError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
         if reasoning is not None and not isinstance(reasoning, ReasoningConfig):
             raise TypeError(f"reasoning must be a ReasoningConfig, got {type(reasoning).__name__}")
+        self._vocab_size = context.rows.vocab_size
+        if reasoning is not None:
+            bad = [t for t in reasoning.think_end_ids if not 0 <= t < self._vocab_size]
+            if bad:
+                raise ValueError(f"think_end_ids {bad[:5]} out of range [0, {self._vocab_size})")
         self._rows = context.rows
+        self._discard = context.discard
+        self._compiled: Any = None
         self._metrics = context.metrics
         self._executor = context.executor
         self._lock = threading.Lock()
@@ -188,6 +212,7 @@ class Request:
                 return
             compiled = fut.result()
             self._engine = compiled.engine
+            self._compiled = compiled
             try:
                 self._matcher = compiled.engine.new_matcher(compiled.grammar)
             except Exception as err:  # noqa: BLE001 - an engine bug fails only this request
@@ -195,12 +220,21 @@ class Request:
                 return
             self._state = ACTIVE
             queued, self._queued = self._queued, []
-            for token in queued:
-                try:
-                    if not self._accept_locked(token):
-                        break
-                except GrammarRejectedToken:
-                    break  # recorded in self._error; raised to the next caller
+            for i, token in enumerate(queued):
+                if self._try_accept(token):
+                    self._metrics.inc("tokens_accepted")
+                    continue
+                if self._state != FAILED:  # rejected (an engine failure is recorded already)
+                    self.num_rejected += 1
+                    self._metrics.inc("tokens_rejected")
+                    self._fail(GrammarRejectedToken(
+                        token, len(self._log),
+                        f"accepted while the grammar compiled and rejected once it was ready "
+                        f"(the sequence already holds it); {len(queued) - i - 1} later queued "
+                        "tokens not consumed"))
+                log.info("request failed on a token queued before its grammar was ready: %s",
+                         self._error)
+                break
 
     def _active_matcher(self) -> Matcher:
         """The matcher of a compiled request (ACTIVE or TERMINATED)."""
@@ -220,6 +254,31 @@ class Request:
             self._error = exc
             self._metrics.inc("requests_failed")
 
+    def _engine_failed(self, detail: str) -> None:
+        """The engine's matcher entered an error state it cannot leave: fail the request and
+        drop the grammar from the memory cache (matchers may share the broken state)."""
+        self._fail(GrammarEngineError(
+            f"the {self.engine_name} engine failed at position {len(self._log)}: "
+            f"{first_line(detail)}"))
+        self._metrics.inc("engine_errors")
+        log.warning("request failed inside the grammar engine: %s", self._error)
+        if self._discard is not None and self._compiled is not None:
+            self._discard(self._compiled)
+
+    def _token(self, token_id: Any) -> int:
+        """``token_id`` as a vocabulary id, or TypeError/ValueError naming it."""
+        if isinstance(token_id, (bool, np.bool_)):
+            raise TypeError(f"token id must be an int, got a bool ({token_id!r})")
+        try:
+            token = operator.index(token_id)
+        except TypeError:
+            raise TypeError(
+                f"token id must be an int, got {type(token_id).__name__} ({token_id!r:.40})"
+            ) from None
+        if not 0 <= token < self._vocab_size:
+            raise ValueError(f"token id {token} out of range [0, {self._vocab_size})")
+        return token
+
     # -- accepting -------------------------------------------------------------------------
     def accept(self, token_id: int) -> bool:
         """Accept one sampled token.
@@ -229,19 +288,21 @@ class Request:
         and forces a stop (``terminate``) or returns False with the state unchanged
         (``reject``). On a failed request, ``raise`` re-raises the failure.
         """
+        token = self._token(token_id)
         with self._lock:
-            return self._accept_locked(int(token_id))
+            return self._accept_locked(token)
 
     def accept_tokens(self, token_ids: Sequence[int]) -> int:
         """Speculative verification: accept the longest valid prefix of ``token_ids`` and
         return its length; the first rejected token and the rest are not consumed (no
         ``on_error`` policy applies: rejecting a draft is normal)."""
+        tokens = self._tokens(token_ids, "token_ids")
         with self._lock:
             if self._state == PENDING:
                 raise GrammarNotReady("accept_tokens needs a compiled grammar")
             n = 0
-            for t in token_ids:
-                if not self._try_accept(int(t)):
+            for t in tokens:
+                if not self._try_accept(t):
                     break
                 n += 1
             self._metrics.inc("tokens_accepted", n)
@@ -249,6 +310,8 @@ class Request:
 
     def rollback(self, n: int = 1) -> None:
         """Undo the last ``n`` accepted tokens (across the reasoning boundary too)."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"rollback count must be an int, got {type(n).__name__} ({n!r:.40})")
         if n < 0:
             raise ValueError(f"rollback count must be >= 0, got {n}")
         with self._lock:
@@ -262,10 +325,18 @@ class Request:
         if state == FAILED:
             if self.on_error == "raise":
                 raise self._failure()
+            # The row allows only stop tokens: accepting one ends the sequence (no livelock).
+            if token in self._stops and not (self._log and self._log[-1] == _STOP):
+                self._log.append(_STOP)
+                return True
             return False
         if self._try_accept(token):
             self._metrics.inc("tokens_accepted")
             return True
+        if self._state == FAILED:  # the engine failed on this token
+            if self.on_error == "raise":
+                raise self._failure()
+            return False
         self.num_rejected += 1
         self._metrics.inc("tokens_rejected")
         error = GrammarRejectedToken(token, len(self._log), self._reject_detail(token))
@@ -299,6 +370,9 @@ class Request:
             return self._think_accept(token)
         matcher = self._active_matcher()
         if not matcher.accept(token):
+            problem = matcher.error()
+            if problem is not None:
+                self._engine_failed(problem)
             return False
         self._log.append(_GRAMMAR)
         if matcher.is_terminated():
@@ -349,8 +423,26 @@ class Request:
     def fill(self, bitmask: Any, row: int = 0) -> None:
         """Fill ``bitmask[row]`` with this request's next-token mask (single-request path;
         use ``GrammarRuntime.fill_bitmask`` for batches)."""
+        self._check_row(bitmask, row)
         with self._lock:
             self._fill_any(bitmask, row)
+
+    def _check_row(self, bitmask: Any, row: Any, count: int = 1) -> None:
+        """Rows ``row .. row+count-1`` exist in ``bitmask`` (an int32 ``(rows, words)`` CPU
+        array of this vocabulary), or TypeError/ValueError naming the values."""
+        rows = as_numpy_bitmask(bitmask, self._rows.words).shape[0]
+        if isinstance(row, (bool, np.bool_)) or not isinstance(row, (int, np.integer)):
+            raise TypeError(f"row must be an int, got {type(row).__name__} ({row!r:.40})")
+        if not 0 <= row or row + count > rows:
+            span = f"rows {row}..{row + count - 1}" if count > 1 else f"row {row}"
+            raise ValueError(f"{span} out of range for a bitmask of {rows} rows")
+
+    def _tokens(self, token_ids: Sequence[Any], what: str) -> list[int]:
+        """Every id of ``token_ids`` checked (before any state changes)."""
+        if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, (Sequence,
+                                                                              np.ndarray)):
+            raise TypeError(f"{what} must be a sequence of ints, got {type(token_ids).__name__}")
+        return [self._token(t) for t in token_ids]
 
     # -- batch fill contract ---------------------------------------------------------------
     @property
@@ -413,19 +505,16 @@ class Request:
         leading drafts the grammar allows; rows past the first invalid draft repeat the mask
         at that position.
         """
-        k = len(draft_ids)
-        if start_row < 0 or start_row + k + 1 > bitmask.shape[0]:
-            raise ValueError(
-                f"bitmask has {bitmask.shape[0]} rows; drafts need rows {start_row}.."
-                f"{start_row + k}"
-            )
+        drafts = self._tokens(draft_ids, "draft_ids")
+        k = len(drafts)
+        self._check_row(bitmask, start_row, k + 1)
         with self._lock:
             if self._state == PENDING:
                 raise GrammarNotReady("fill_draft_masks needs a compiled grammar")
             valid = 0
             for j in range(k + 1):
                 self._fill_any(bitmask, start_row + j)
-                if j == k or not self._try_accept(int(draft_ids[j])):
+                if j == k or not self._try_accept(drafts[j]):
                     break
                 valid += 1
             for j in range(valid + 1, k + 1):
@@ -448,23 +537,29 @@ class Request:
         (-1 for none). Row ``start_row + i`` gets the mask after the path root..i. Returns a
         bool array: True for the nodes whose path the grammar allows (rows of other nodes are
         left as they were)."""
-        n = len(draft_tokens)
-        if start_row < 0 or bitmask.shape[0] < start_row + n:
-            raise ValueError(
-                f"bitmask has {bitmask.shape[0]} rows; the tree's {n} nodes need rows "
-                f"{start_row}..{start_row + n - 1}"
-            )
-        nxt = [int(x) for x in retrieve_next_token]
-        sib = [int(x) for x in retrieve_next_sibling]
+        tokens = self._tokens(draft_tokens, "draft_tokens")
+        n = len(tokens)
+        self._check_row(bitmask, start_row, n)
+        nxt = [operator.index(x) for x in retrieve_next_token]
+        sib = [operator.index(x) for x in retrieve_next_sibling]
         if len(nxt) != n or len(sib) != n:
             raise ValueError(f"tree arrays must have {n} entries, got {len(nxt)} and {len(sib)}")
+        bad = [x for x in nxt + sib if not -1 <= x < n]
+        if bad:
+            raise ValueError(f"tree links {bad[:5]} out of range [-1, {n})")
+        # Children must come after their parent: a link back would loop forever.
+        loops = [i for i, x in enumerate(nxt) if x != -1 and x <= i] + [
+            i for i, x in enumerate(sib) if x != -1 and x <= i]
+        if loops:
+            raise ValueError(f"tree links of nodes {loops[:5]} point back (children and "
+                             "siblings must have larger indices)")
         valid = np.zeros(n, dtype=bool)
         with self._lock:
             if self._state == PENDING:
                 raise GrammarNotReady("fill_draft_tree needs a compiled grammar")
             valid[0] = True
             self._fill_any(bitmask, start_row)
-            self._visit_children(0, nxt, sib, draft_tokens, bitmask, valid, start_row)
+            self._visit_children(0, nxt, sib, tokens, bitmask, valid, start_row)
         return valid
 
     def _visit_children(self, node: int, nxt: list[int], sib: list[int],
@@ -483,6 +578,17 @@ class Request:
         matcher = self.fill_target(bitmask, row)
         if matcher is not None:
             matcher.fill(bitmask, row)
+            self.check_filled(bitmask, row)
+
+    def check_filled(self, bitmask: Any, row: int) -> None:
+        """After the engine filled ``bitmask[row]`` (:attr:`fill_lock` held): if its matcher
+        entered an error state, fail the request and make the row allow only stop tokens,
+        so a broken matcher never serves a mask (part of the batch contract)."""
+        matcher = self._matcher
+        problem = matcher.error() if matcher is not None else None
+        if problem is not None:
+            self._engine_failed(problem)
+            self._fill_special(bitmask, row)
 
     def jump_forward(self) -> str:
         """Text the grammar forces next (empty while thinking, pending or terminated); the

@@ -23,6 +23,7 @@ class SpecialRows:
     """The precomputed rows for one tokenizer (int32 words, bit ``t`` allows token ``t``).
 
     Attributes:
+        vocab_size: the model's vocabulary width (valid token ids are ``0..vocab_size-1``).
         words: int32 words per row (``ceil(vocab_size / 32)``).
         stop_token_ids: the tokens a finished, failed or terminated request may emit.
         stop_only: only the stop tokens allowed.
@@ -30,6 +31,7 @@ class SpecialRows:
     """
 
     def __init__(self, info: TokenizerInfo) -> None:
+        self.vocab_size = info.vocab_size
         self.words = info.bitmask_words
         self.stop_token_ids = info.stop_token_ids
         self.stop_only = self.row_of(info.stop_token_ids)

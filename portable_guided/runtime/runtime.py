@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import operator
 import threading
 import time
 import weakref
@@ -17,7 +18,7 @@ from .compile_service import CompiledGrammar, CompileService
 from .engines import Engine, Matcher
 from .fill_pool import FillPool
 from .metrics import Metrics
-from .request import ReasoningConfig, Request, RequestContext
+from .request import ON_ERROR_POLICIES, ReasoningConfig, Request, RequestContext
 from .rows import SpecialRows, as_numpy_bitmask
 from .specs import GrammarSpec
 from .tokenizer_info import TokenizerInfo, load_tokenizer_info
@@ -106,7 +107,7 @@ class GrammarRuntime:
         self.special_rows = SpecialRows(tokenizer_info)
         self._request_context = RequestContext(
             rows=self.special_rows, metrics=self.metrics_sink, executor=self._executor,
-            next_serial=self._next_serial,
+            next_serial=self._next_serial, discard=self._service.discard,
         )
         self._fill_pools: list[FillPool] = []  # at most one; a list so _shutdown sees it
         self._pool_lock = threading.Lock()
@@ -154,10 +155,22 @@ class GrammarRuntime:
         on_error: str = "raise",
         reasoning: ReasoningConfig | None = None,
     ) -> Request:
-        """A request constrained by ``spec``; its compile starts now, in the background."""
+        """A request constrained by ``spec``; its compile starts now, in the background.
+
+        Raises ``TypeError``/``ValueError`` for bad arguments and :class:`RuntimeClosed`
+        after :meth:`close`."""
+        if on_error not in ON_ERROR_POLICIES:
+            raise ValueError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
+        if reasoning is not None:
+            if not isinstance(reasoning, ReasoningConfig):
+                raise TypeError(
+                    f"reasoning must be a ReasoningConfig, got {type(reasoning).__name__}")
+            bad = [t for t in reasoning.think_end_ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"think_end_ids {bad[:5]} out of range [0, {self.vocab_size})")
+        future = self._service.submit(spec)
         self.metrics_sink.inc("requests")
-        return Request(self._service.submit(spec), self._request_context, on_error=on_error,
-                       reasoning=reasoning)
+        return Request(future, self._request_context, on_error=on_error, reasoning=reasoning)
 
     # -- filling ---------------------------------------------------------------------------
     def fill_bitmask(
@@ -178,6 +191,9 @@ class GrammarRuntime:
         bm = as_numpy_bitmask(bitmask, self.bitmask_words)
         n = len(requests)
         row_list = _check_rows(rows, n, bm.shape[0])
+        strays = [type(r).__name__ for r in requests if r is not None and not isinstance(r, Request)]
+        if strays:
+            raise TypeError(f"requests must be Request objects or None, got {strays[:3]}")
         live: list[tuple[Request, int]] = []
         for req, row in zip(requests, row_list):
             if req is None:
@@ -231,6 +247,10 @@ class GrammarRuntime:
             for engine, jobs in groups.values():
                 jobs.sort(key=_by_cost, reverse=True)
                 engine.fill_batch([m for _, m, _ in jobs], bm, [row for _, _, row in jobs])
+            for jobs in (*(j for _, j in chunks.values()), pooled,
+                         *(j for _, j in groups.values())):
+                for req, _, row in jobs:
+                    req.check_filled(bm, row)
         if n_rows:
             if pooled and not groups:  # the pool's row times are exact
                 per_row = sum(costs) / len(pooled)
@@ -276,7 +296,9 @@ class GrammarRuntime:
         return self._service.worker_pids()
 
     def close(self) -> None:
-        """Stop the compile workers and threads (also done at garbage collection)."""
+        """Stop the compile workers and threads (also done at garbage collection). Pending
+        compiles fail at once with :class:`RuntimeClosed` (their requests fail with it), and
+        :meth:`new_request` and the compile methods refuse new work with it."""
         self._finalizer()
 
     def __enter__(self) -> GrammarRuntime:  # noqa: PYI034 - final class in practice
@@ -300,7 +322,16 @@ def _check_rows(rows: Sequence[int] | None, n: int, capacity: int) -> list[int]:
         if n > capacity:
             raise ValueError(f"{n} requests but the bitmask has only {capacity} rows")
         return list(range(n))
-    row_list = [int(r) for r in rows]
+    if isinstance(rows, (str, bytes)):
+        raise TypeError(f"rows must be a sequence of ints, got {type(rows).__name__}")
+    row_list = []
+    for r in rows:
+        if isinstance(r, (bool, np.bool_)):
+            raise TypeError(f"rows must hold ints, got a bool ({r!r})")
+        try:
+            row_list.append(operator.index(r))
+        except TypeError:
+            raise TypeError(f"rows must hold ints, got {type(r).__name__} ({r!r:.40})") from None
     if len(row_list) != n:
         raise ValueError(f"rows has {len(row_list)} entries for {n} requests")
     bad = [r for r in row_list if not 0 <= r < capacity]

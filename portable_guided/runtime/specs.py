@@ -44,7 +44,14 @@ class GrammarSpec:
     def __post_init__(self) -> None:
         if self.kind not in SPEC_KINDS:
             raise ValueError(f"unknown spec kind {self.kind!r}; known: {', '.join(SPEC_KINDS)}")
-        digest = hashlib.sha256(f"{self.kind}\0{self.text}\0{self.options!r}".encode())
+        try:
+            raw = f"{self.kind}\0{self.text}\0{self.options!r}".encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate: no engine can match it
+            bad = exc.object[exc.start:exc.end]
+            raise GrammarSpecError(
+                f"{self.kind} spec contains {bad!r} (a lone UTF-16 surrogate, not valid "
+                f"Unicode text) at character {exc.start}") from None
+        digest = hashlib.sha256(raw)
         object.__setattr__(self, "key", digest.hexdigest())
 
     def __repr__(self) -> str:
@@ -103,10 +110,14 @@ class GrammarSpec:
                 schema = json.loads(schema)
             except json.JSONDecodeError as exc:
                 raise GrammarSpecError(f"schema is not valid JSON: {exc}") from exc
+            except RecursionError:
+                raise GrammarSpecError(f"schema nests deeper than {MAX_SCHEMA_DEPTH} "
+                                       "levels") from None
         if not isinstance(schema, (Mapping, bool)):
             raise TypeError(
                 f"schema must be a dict, a bool or JSON text, got {type(schema).__name__}"
             )
+        _check_depth(schema)
         # Key order is kept: engines generate properties in schema order.
         text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
         deferred = False
@@ -146,6 +157,8 @@ class GrammarSpec:
             warnings.simplefilter("ignore")
             try:
                 re.compile(pattern)
+            except (OverflowError, RecursionError) as exc:  # e.g. a{4294967295}
+                raise GrammarSpecError(f"invalid regex {pattern[:80]!r}: {exc}") from None
             except re.error as exc:
                 # Python's syntax is close to the engines'; report its diagnosis, except for
                 # Unicode classes (\p{..}) that only the engines understand.
@@ -193,15 +206,30 @@ class GrammarSpec:
         ...     ["<function="]).kind
         'structural_tag'
         """
+        if isinstance(triggers, str) or not isinstance(triggers, Sequence):
+            raise TypeError(f"triggers must be a sequence of str, got {type(triggers).__name__}")
+        if isinstance(tags, (str, Mapping)) or not isinstance(tags, Sequence):
+            raise TypeError(f"tags must be a sequence of dicts, got {type(tags).__name__}")
         if not triggers:
             raise GrammarSpecError("structural_tag needs at least one trigger")
         if not tags:
             raise GrammarSpecError("structural_tag needs at least one tag")
+        bad = [t for t in triggers if not isinstance(t, str) or not t]
+        if bad:
+            raise TypeError(f"every trigger must be a non-empty str, got {bad[:3]!r}")
         clean = []
         for i, tag in enumerate(tags):
+            if not isinstance(tag, Mapping):
+                raise TypeError(f"tag {i} must be a dict, got {type(tag).__name__}")
             missing = {"begin", "schema", "end"} - set(tag)
             if missing:
                 raise GrammarSpecError(f"tag {i} lacks {sorted(missing)}", pointer=f"/tags/{i}")
+            for part in ("begin", "end"):
+                if not isinstance(tag[part], str):
+                    raise TypeError(f"tag {i} {part} must be a str, got "
+                                    f"{type(tag[part]).__name__} ({tag[part]!r:.60})")
+            if not tag["begin"]:
+                raise GrammarSpecError(f"tag {i} begin is empty", pointer=f"/tags/{i}/begin")
             if not any(tag["begin"].startswith(t) for t in triggers):
                 raise GrammarSpecError(
                     f"tag {i} begin {tag['begin']!r} starts with none of the triggers "
@@ -218,7 +246,28 @@ class GrammarSpec:
 DEFER_CHECK_ABOVE_CHARS = 65536
 
 
+#: Deepest JSON nesting of a schema (MaskBench's deepest is 63): deeper ones are refused
+#: before any recursive code (the meta-schema check, the engines) meets them.
+MAX_SCHEMA_DEPTH = 128
+
+
+def _check_depth(schema: Any, base: str = "") -> None:
+    """Refuse a schema nesting deeper than :data:`MAX_SCHEMA_DEPTH` (iteratively: a
+    recursive walk is what must not meet such a schema)."""
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise GrammarSpecError(f"schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
+                                   pointer=base or "/")
+        if isinstance(node, Mapping):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+
+
 def _validate_schema(schema: Any, base: str = "") -> None:
+    _check_depth(schema, base)
     _validate_refs(schema, base)
     _validate_meta(schema, base)
 
@@ -229,11 +278,11 @@ def _validate_refs(schema: Any, base: str) -> None:
             f"a JSON schema must be an object or a bool, got {type(schema).__name__}",
             pointer=base or "/",
         )
-    for pointer, ref in _iter_refs(schema, base):
-        if not ref.startswith("#"):
+    for pointer, key, ref in _iter_refs(schema, base):
+        if not isinstance(ref, str) or not ref.startswith("#"):
             raise GrammarSpecError(
-                f"remote $ref {ref!r} is not supported (remote references are never fetched)",
-                pointer=pointer,
+                f"remote {key} {ref!r:.200} is not supported (remote references are never "
+                "fetched)", pointer=pointer,
             )
 
 
@@ -248,25 +297,53 @@ def _validate_meta(schema: Any, base: str) -> None:
     validator = validator_for(schema, default=jsonschema.Draft202012Validator)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        error = jsonschema.exceptions.best_match(
-            validator(validator.META_SCHEMA).iter_errors(schema)
-        )
+        try:
+            error = jsonschema.exceptions.best_match(
+                validator(validator.META_SCHEMA).iter_errors(schema)
+            )
+        except RecursionError:
+            raise GrammarSpecError("schema nests too deeply to be checked against its "
+                                   "meta-schema", pointer=base or "/") from None
     if error is not None:
         pointer = base + "".join(f"/{_escape(p)}" for p in error.path)
         raise GrammarSpecError(f"invalid JSON schema: {error.message[:300]}", pointer=pointer or "/")
 
 
-def _iter_refs(node: Any, pointer: str) -> Iterator[tuple[str, str]]:
-    if isinstance(node, Mapping):
-        for k, v in node.items():
-            child = f"{pointer}/{_escape(str(k))}"
-            if k == "$ref" and isinstance(v, str):
-                yield child, v
-            elif k not in ("enum", "const", "default", "examples"):
-                yield from _iter_refs(v, child)
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _iter_refs(v, f"{pointer}/{i}")
+#: Keywords whose values are data, never schemas: a ``$ref`` inside them is not a reference.
+_DATA_KEYWORDS = frozenset(("enum", "const", "default", "examples"))
+#: Keywords whose values map names (chosen by the user) to schemas.
+_NAMED_SCHEMA_KEYWORDS = frozenset(("properties", "patternProperties", "$defs", "definitions",
+                                    "dependentSchemas", "dependencies"))
+#: Keywords that reference other schemas by URI.
+_REF_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def _iter_refs(node: Any, pointer: str) -> Iterator[tuple[str, str, Any]]:
+    """Every reference keyword of the schema ``node``: (pointer, keyword, value).
+
+    Walks the schema's structure: the names under ``properties`` (and the like) are user
+    data, so a property named ``default`` or ``enum`` is searched like any other, while the
+    values of data keywords (``enum``, ``const``, ``default``, ``examples``) are skipped.
+    """
+    stack: list[tuple[Any, str]] = [(node, pointer)]
+    while stack:
+        schema, where = stack.pop()
+        if isinstance(schema, list):
+            stack.extend((v, f"{where}/{i}") for i, v in enumerate(schema))
+            continue
+        if not isinstance(schema, Mapping):
+            continue
+        for key, value in schema.items():
+            child = f"{where}/{_escape(str(key))}"
+            if key in _REF_KEYWORDS:
+                yield child, key, value
+            elif key in _DATA_KEYWORDS:
+                continue
+            elif key in _NAMED_SCHEMA_KEYWORDS and isinstance(value, Mapping):
+                stack.extend((sub, f"{child}/{_escape(str(name))}")
+                             for name, sub in value.items())
+            else:
+                stack.append((value, child))
 
 
 def _escape(part: Any) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .errors import GrammarCompileError, GrammarTimeout
+from .errors import CompileWorkerLost, GrammarCompileError, GrammarTimeout, RuntimeClosed
 
 __all__ = ["WorkerPool", "WorkerReply"]
 
@@ -88,7 +88,7 @@ class _Duplex:
 
 
 def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
-    from .engines import UnsupportedSpec, engine_class
+    from .engines import UnsupportedSpec, compile_checked, engine_class
     from .specs import GrammarSpec
 
     engines = {name: engine_class(name).from_payload(payload)
@@ -106,8 +106,7 @@ def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
         try:
             engine = engines[engine_name]
             spec = GrammarSpec.from_dict(spec_dict)
-            spec.run_deferred_check()
-            compiled = engine.compile(spec)
+            compiled = compile_checked(engine, spec)
             seconds = time.perf_counter() - t0
             ship = serialize == "always" or (serialize == "auto" and seconds >= local_below_s)
             text = engine.serialize(compiled) if ship else None
@@ -182,7 +181,7 @@ class WorkerPool:
         self._local_below_s = local_below_s
         self._start_timeout_s = start_timeout_s
         self._on_kill = on_kill
-        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._idle: queue.Queue[_Worker | None] = queue.Queue()  # None: closed
         self._all: set[_Worker] = set()
         self._all_lock = threading.Lock()
         self._ids = itertools.count()
@@ -222,12 +221,14 @@ class WorkerPool:
         self._idle.put(worker)
 
     def close(self) -> None:
-        """Stop every worker (idle or busy).
+        """Stop every worker (idle or busy); compiles waiting for a worker or running in one
+        fail at once with :class:`RuntimeClosed`.
 
         Waits for workers still starting: a thread left inside the engine libraries while
         the interpreter shuts down would abort the process.
         """
         self._closed = True
+        self._idle.put(None)  # wakes a run() waiting for a worker (passed on to the next)
         for thread in self._spawners:
             thread.join(timeout=self._start_timeout_s)
         with self._all_lock:
@@ -247,42 +248,72 @@ class WorkerPool:
         """Compile in a worker; raises :class:`GrammarTimeout` (after killing the worker) when
         no reply came within ``timeout_s`` of handing the job over.
 
+        A worker that dies (before or during the job) is replaced and the job retried once
+        on the new one; a second death raises :class:`CompileWorkerLost`, which callers must
+        not cache as a property of the grammar.
+
         ``serialize``: ``"auto"`` ships the grammar when its compile took at least
         ``local_below_s``, ``"always"`` ships it, ``"never"`` only reports that it compiled
         (the parent compiled it too: ``CompileService(race=True)``)."""
         if serialize not in ("auto", "always", "never"):
             raise ValueError(f"serialize must be 'auto', 'always' or 'never', got {serialize!r}")
-        try:
-            worker = self._idle.get(timeout=self._start_timeout_s)
-        except queue.Empty:
-            raise GrammarCompileError(
-                f"no compile worker became available in {self._start_timeout_s} s"
-                + (f" (last start error: {self.start_error})" if self.start_error else ""),
-                engine=engine,
-            ) from None
-        job_id = next(self._ids)
-        t0 = time.monotonic()
-        try:
-            worker.conn.send((job_id, engine, spec_dict, serialize))
-            if worker.conn.poll(timeout_s):
-                reply_id, reply = worker.conn.recv()
-                if reply_id != job_id:
-                    raise RuntimeError(f"worker replied to job {reply_id}, expected {job_id}")
-                self._idle.put(worker)
-                return reply
-        except (EOFError, OSError, RuntimeError) as exc:
+        attempt = 0
+        while True:
+            attempt += 1
+            worker = self._take(engine)
+            job_id = next(self._ids)
+            t0 = time.monotonic()
+            try:
+                worker.conn.send((job_id, engine, spec_dict, serialize))
+                if worker.conn.poll(timeout_s):
+                    reply_id, reply = worker.conn.recv()
+                    if reply_id != job_id:
+                        raise RuntimeError(f"worker replied to job {reply_id}, expected {job_id}")
+                    self._idle.put(worker)
+                    return reply
+            except (EOFError, OSError, RuntimeError) as exc:
+                self._retire(worker)
+                if self._closed:
+                    raise RuntimeClosed("the compile workers were stopped (runtime closed)") \
+                        from None
+                lost = CompileWorkerLost(
+                    f"compile worker {worker.proc.pid} died ({type(exc).__name__}: {exc}; exit "
+                    f"code {worker.proc.poll()})" + (" twice" if attempt > 1 else ""),
+                    engine=engine)
+                if attempt > 1:
+                    raise lost from exc
+                log.warning("%s; retrying the compile on a new worker", lost)
+                continue
             self._retire(worker)
-            raise GrammarCompileError(
-                f"compile worker died ({type(exc).__name__}: {exc}); exit code "
-                f"{worker.proc.poll()}", engine=engine,
-            ) from exc
-        self._retire(worker)
-        if self._on_kill is not None:
-            self._on_kill()
-        raise GrammarTimeout(
-            f"compile exceeded its time limit of {timeout_s:g} s; worker killed after "
-            f"{time.monotonic() - t0:.2f} s", engine=engine,
-        )
+            if self._closed:
+                raise RuntimeClosed("the compile workers were stopped (runtime closed)")
+            if self._on_kill is not None:
+                self._on_kill()
+            raise GrammarTimeout(
+                f"compile exceeded its time limit of {timeout_s:g} s; worker killed after "
+                f"{time.monotonic() - t0:.2f} s", engine=engine,
+            )
+
+    def _take(self, engine: str) -> _Worker:
+        """An idle, live worker (a worker found dead while idle is replaced, not used)."""
+        deadline = time.monotonic() + self._start_timeout_s
+        while True:
+            try:
+                worker = self._idle.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise GrammarCompileError(
+                    f"no compile worker became available in {self._start_timeout_s} s"
+                    + (f" (last start error: {self.start_error})" if self.start_error else ""),
+                    engine=engine,
+                ) from None
+            if worker is None or self._closed:
+                self._idle.put(None)  # let every other waiter see it too
+                raise RuntimeClosed("the compile workers were stopped (runtime closed)")
+            if worker.proc.poll() is None:
+                return worker
+            log.warning("idle compile worker %s had exited (code %s); starting another",
+                        worker.proc.pid, worker.proc.returncode)
+            self._retire(worker)
 
     def _retire(self, worker: _Worker) -> None:
         with self._all_lock:

@@ -209,15 +209,16 @@ def test_worker_dies_with_its_parent(tmp_path):
     assert process_gone(worker_pid)
 
 
-def test_self_bounded_engine_compiles_in_process(deepseek):
-    """llguidance bounds its own work, so even with a time limit it needs no worker; its
-    masks equal those of a runtime without a limit."""
+def test_every_engine_compiles_under_the_limit_in_a_worker(deepseek):
+    """With a time limit every engine compiles in a worker (llguidance's own limits bound
+    work, not time: issue 17, F6); its masks equal those of a runtime without a limit."""
     spec = GrammarSpec.json_schema({"type": "object", "properties": {"n": {"type": "integer"}},
                                     "required": ["n"]})
-    with GrammarRuntime(deepseek, "llguidance", compile_timeout_s=5.0) as limited, \
+    with GrammarRuntime(deepseek, "llguidance", compile_timeout_s=30.0) as limited, \
             GrammarRuntime(deepseek, "llguidance", compile_timeout_s=None) as free:
-        compiled = limited.compile(spec)
-        assert compiled.source == "local" and limited.worker_pids() == []
+        limited.compile(spec, timeout=120)
+        assert limited.worker_pids() and free.worker_pids() == []
+        assert limited.metrics()["compile_wait_count"] == 1  # went through a worker
         masks = []
         for rt in (limited, free):
             req = rt.new_request(spec).wait(60)
@@ -227,8 +228,7 @@ def test_self_bounded_engine_compiles_in_process(deepseek):
             masks.append(bm)
         assert np.array_equal(*masks)
     with GrammarRuntime(deepseek, "auto", compile_timeout_s=5.0) as rt:
-        # Only xgrammar, which does not bound its work, is loaded into the workers.
-        assert set(rt._service._worker_engines()) == {"xgrammar"}
+        assert set(rt._service._worker_engines()) == {"xgrammar", "llguidance"}
 
 
 def test_race_compiles_once_here_with_the_worker_path_masks(deepseek):

@@ -46,7 +46,7 @@ def test_another_library_version_misses(deepseek, tmp_path, monkeypatch):
 
 def test_size_bound_evicts_least_recently_used(tmp_path):
     cache = DiskCache(tmp_path, max_bytes=3 * 1100)
-    header = len(b"portable-guided-grammar-v1 ") + 64 + 1
+    header = len(b"portable-guided-grammar-v2 ") + 64 + 1 + 64 + 1  # magic key sha\n
     for i, key in enumerate(("a1", "b2", "c3")):
         cache.put(key * 32, "x" * (1100 - header))
         os.utime(cache._path(key * 32), (1000 + i, 1000 + i))  # a1 oldest

@@ -14,12 +14,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from .base import Engine, Matcher, UnsupportedSpec
+from .base import EmptyLanguage, Engine, Matcher, UnsupportedSpec, compile_checked
 
 if TYPE_CHECKING:
     from ..tokenizer_info import TokenizerInfo
 
-__all__ = ["ENGINES", "Engine", "Matcher", "UnsupportedSpec", "create_engine", "engine_class"]
+__all__ = [
+    "ENGINES",
+    "EmptyLanguage",
+    "Engine",
+    "Matcher",
+    "UnsupportedSpec",
+    "compile_checked",
+    "create_engine",
+    "engine_class",
+]
 
 #: Engine name -> (module, class, pip package that provides the library).
 ENGINES: dict[str, tuple[str, str, str]] = {

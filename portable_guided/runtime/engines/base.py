@@ -25,7 +25,16 @@ from ..specs import GrammarSpec
 if TYPE_CHECKING:
     from ..tokenizer_info import TokenizerInfo
 
-__all__ = ["Engine", "Matcher", "UnsupportedSpec", "foreign_matcher", "package_version"]
+__all__ = [
+    "EmptyLanguage",
+    "Engine",
+    "Matcher",
+    "UnsupportedSpec",
+    "compile_checked",
+    "first_line",
+    "foreign_matcher",
+    "package_version",
+]
 
 
 @functools.cache
@@ -54,6 +63,25 @@ class UnsupportedSpec(Exception):
     """The engine cannot express this kind of spec (``auto`` then tries the other engine)."""
 
 
+class EmptyLanguage(ValueError):
+    """The compiled grammar accepts no output at all (e.g. ``{"$ref": "#"}``): a request
+    could produce nothing, so the compile fails instead of serving an empty mask."""
+
+
+def first_line(text: str, limit: int = 300) -> str:
+    """The first line of an engine's diagnosis (llguidance appends a dump of its state)."""
+    return text.strip().split("\n", 1)[0][:limit]
+
+
+def compile_checked(engine: Engine, spec: GrammarSpec) -> Any:
+    """``engine.compile(spec)``, refusing a grammar whose language is empty (the compile
+    job's entry point, in this process and in compile workers)."""
+    spec.run_deferred_check()
+    compiled = engine.compile(spec)
+    engine.check_not_empty(compiled)
+    return compiled
+
+
 class Matcher(ABC):
     """One request's state in a compiled grammar. Not thread-safe by itself: the
     :class:`~portable_guided.runtime.request.Request` that owns it serializes access."""
@@ -80,6 +108,11 @@ class Matcher(ABC):
     def jump_forward(self) -> str:
         """The text the grammar forces next (may be empty)."""
 
+    def error(self) -> str | None:
+        """The engine's error when the matcher is in an error state it cannot leave (the
+        request must then fail), else None."""
+        return None
+
 
 class Engine(ABC):
     """A grammar engine bound to one tokenizer."""
@@ -89,9 +122,10 @@ class Engine(ABC):
     #: Whether ``Matcher.fill`` releases the GIL, so the runtime's own threads can fill rows
     #: (timed one by one and ordered longest first); otherwise batches go to :meth:`fill_batch`.
     fill_releases_gil: bool = False
-    #: Whether the engine bounds its own compile work, so it compiles in the calling process
-    #: even under a compile time limit (a worker round trip would cost more than the compile).
-    bounds_own_compile: bool = False
+    #: Columns of the model's vocabulary (bitmask rows cover them).
+    vocab_size: int = 0
+    #: The tokens that end a finished grammar.
+    stop_token_ids: frozenset[int] = frozenset()
 
     @staticmethod
     @abstractmethod
@@ -133,6 +167,26 @@ class Engine(ABC):
     @abstractmethod
     def new_matcher(self, compiled: Any) -> Matcher:
         """A fresh matcher at the start of ``compiled``."""
+
+    def check_not_empty(self, compiled: Any) -> None:
+        """Raise :class:`EmptyLanguage` when ``compiled`` accepts no output: its first mask
+        allows no token, or only stop tokens that it does not accept (a grammar accepting
+        the empty output accepts a stop token at once)."""
+        import numpy as np
+
+        bitmask = np.zeros((1, (self.vocab_size + 31) // 32), dtype=np.int32)
+        matcher = self.new_matcher(compiled)
+        matcher.fill(bitmask, 0)
+        bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")[: self.vocab_size]
+        allowed = np.flatnonzero(bits).tolist()
+        if set(allowed) <= self.stop_token_ids and not any(
+                self.new_matcher(compiled).accept(t) for t in allowed):
+            raise EmptyLanguage(
+                "the grammar accepts no output at all (its language is empty, e.g. a schema "
+                "that only refers to itself): a request could produce nothing")
+        problem = matcher.error()
+        if problem is not None:
+            raise ValueError(f"the engine failed on the first mask: {first_line(problem)}")
 
     @abstractmethod
     def fill_batch(self, matchers: Sequence[Matcher], bitmask: Any, rows: Sequence[int]) -> None:

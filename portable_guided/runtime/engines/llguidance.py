@@ -110,12 +110,13 @@ class LLGuidanceMatcher(Matcher):
     accepted when the grammar is in an accepting state.
     """
 
-    __slots__ = ("_m", "_stopped", "_stops")
+    __slots__ = ("_m", "_stopped", "_stops", "_vocab_size")
 
-    def __init__(self, matcher: Any, stop_token_ids: frozenset[int]) -> None:
+    def __init__(self, matcher: Any, stop_token_ids: frozenset[int], vocab_size: int) -> None:
         self._m = matcher
         self._stops = stop_token_ids
         self._stopped = False
+        self._vocab_size = vocab_size
 
     def accept(self, token_id: int) -> bool:
         if self._stopped:
@@ -125,7 +126,13 @@ class LLGuidanceMatcher(Matcher):
                 self._stopped = True
                 return True
             return False
+        # An id outside the vocabulary puts the LLMatcher in a permanent error state.
+        if not 0 <= token_id < self._vocab_size:
+            return False
         return bool(self._m.try_consume_tokens([token_id]) == 1)
+
+    def error(self) -> str | None:
+        return str(self._m.get_error()) if self._m.is_error() else None
 
     def rollback(self, n: int) -> None:
         if n and self._stopped:
@@ -135,7 +142,13 @@ class LLGuidanceMatcher(Matcher):
             raise RuntimeError(f"llguidance rollback of {n} failed: {self._m.get_error()}")
 
     def fill(self, bitmask: Any, row: int) -> None:
-        ptr, _rows, words = bitmask_pointer(bitmask)
+        ptr, rows, words = bitmask_pointer(bitmask)
+        # The library writes through a raw pointer: a bad row would write outside the array.
+        if isinstance(row, bool) or not 0 <= row < rows:
+            raise ValueError(f"row {row!r} out of range for a bitmask of {rows} rows")
+        if words * 32 < self._vocab_size:
+            raise ValueError(f"bitmask rows of {words} words cover {words * 32} tokens, fewer "
+                             f"than the vocabulary's {self._vocab_size}")
         self._m.unsafe_compute_mask_ptr(ptr + row * words * 4, words * 4)
 
     def is_terminated(self) -> bool:
@@ -157,9 +170,6 @@ class LLGuidanceEngine(Engine):
 
     name = "llguidance"
     fill_releases_gil = True  # LLMatcher.unsafe_compute_mask_ptr runs without the GIL
-    # The lexer is built lazily under the parser limits (lexer fuel, grammar size); a MaskBench
-    # compile took at most 9 ms, which a worker round trip would double.
-    bounds_own_compile = True
 
     def __init__(self, lltokenizer: llguidance.LLTokenizer, *, fill_threads: int = 1) -> None:
         import llguidance as llg
@@ -167,6 +177,8 @@ class LLGuidanceEngine(Engine):
         self._llg = llg
         self.tokenizer = lltokenizer
         self._stops = frozenset(int(t) for t in lltokenizer.eos_tokens)
+        self.vocab_size = int(lltokenizer.vocab_size)
+        self.stop_token_ids = self._stops
         self._executor = llg.LLExecutor(max(1, int(fill_threads)))
         self._batch_lock = threading.Lock()  # one batch fill at a time per executor
         self._chunk_executor = llg.LLExecutor(1)  # cheap steps (fill_chunk)
@@ -238,7 +250,7 @@ class LLGuidanceEngine(Engine):
         return len(compiled.grammar) * 4 + 65536
 
     def new_matcher(self, compiled: Any) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(compiled.template.deep_copy(), self._stops)
+        return LLGuidanceMatcher(compiled.template.deep_copy(), self._stops, self.vocab_size)
 
     def fill_batch(
         self, matchers: Sequence[Matcher], bitmask: Any, rows: Sequence[int]
@@ -255,6 +267,12 @@ class LLGuidanceEngine(Engine):
         ptr, nrows, words = bitmask_pointer(bitmask)
         pairs = [(m._m if isinstance(m, LLGuidanceMatcher) else foreign_matcher(self.name, m),
                   int(r)) for m, r in zip(matchers, rows)]
+        bad = [r for _, r in pairs if not 0 <= r < nrows]
+        if bad:  # the library writes through a raw pointer
+            raise ValueError(f"rows {bad[:5]} out of range for a bitmask of {nrows} rows")
+        if words * 32 < self.vocab_size:
+            raise ValueError(f"bitmask rows of {words} words cover {words * 32} tokens, fewer "
+                             f"than the vocabulary's {self.vocab_size}")
         with lock:
             executor.unsafe_compute_mask_ptr(pairs, ptr, words * 4, nrows)
 

