@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from portable_guided.runtime import (
-    GrammarRuntime,
     GrammarSpec,
     GrammarSpecError,
     ReasoningConfig,
