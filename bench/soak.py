@@ -8,7 +8,8 @@ the stop token; a finished request is replaced by a new one on a random schema).
 cache is bounded below the pool's size (``--cache-mb``), so compiled grammars are evicted and
 compiled again throughout. Resident memory (VmRSS) of this process and of the compile
 workers is sampled every ``--every`` requests; the verdict compares the second half of the run
-with the first sample after warm-up.
+with the first sample after warm-up. Every request must end as its schema's test says (the
+whole valid instance accepted, then the stop token): ``unexpected_outcomes`` counts the rest.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def main() -> int:
     stop = info.stop_token_ids[0]
     bm = rt.allocate_bitmask(args.batch)
     live: list[list] = []
-    started = finished = 0
+    started = finished = unexpected = 0
     samples = []
     t0 = time.perf_counter()
 
@@ -109,6 +110,10 @@ def main() -> int:
                 ok = req.accept(stop)
             if not ok or req.is_terminated:
                 finished += 1
+                # Every pooled schema walks its valid instance to the end: anything else
+                # (a rejection, a failure, an early end) is an outcome change.
+                if not (ok and pos == len(ids) and req.is_terminated and not req.failed):
+                    unexpected += 1
                 if finished % args.every == 0:
                     gc.collect()
                     workers = sum(rss_mb(pid) for pid in rt.worker_pids())
@@ -135,7 +140,8 @@ def main() -> int:
                     "rss_growth_mb_after_warmup": round(growth, 1),
                     "rss_mb_first_sample": samples[0]["rss_mb"],
                     "compiles": metrics["compiles"], "tokens_accepted": metrics["tokens_accepted"],
-                    "fill_steps": metrics["fill_steps"], "wall_s": round(time.perf_counter() - t0, 1)},
+                    "fill_steps": metrics["fill_steps"], "unexpected_outcomes": unexpected,
+                    "wall_s": round(time.perf_counter() - t0, 1)},
         "samples": samples,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "machine": platform.machine()},

@@ -580,15 +580,29 @@ class Request:
             matcher.fill(bitmask, row)
             self.check_filled(bitmask, row)
 
-    def check_filled(self, bitmask: Any, row: int) -> None:
-        """After the engine filled ``bitmask[row]`` (:attr:`fill_lock` held): if its matcher
-        entered an error state, fail the request and make the row allow only stop tokens,
-        so a broken matcher never serves a mask (part of the batch contract)."""
+    def check_filled(self, bitmask: Any, row: int, *, empty: bool | None = None) -> None:
+        """After the engine filled ``bitmask[row]`` (:attr:`fill_lock` held; part of the batch
+        contract): if the matcher entered an error state, or the row allows no token at all
+        (a dead end of the grammar: every logit would become -inf), fail the request and make
+        the row allow only stop tokens. ``empty`` is whether the row is all zeros, when the
+        caller already knows (a batch checks all its rows in one NumPy pass)."""
         matcher = self._matcher
-        problem = matcher.error() if matcher is not None else None
+        if matcher is None:
+            return
+        problem = matcher.error()
         if problem is not None:
             self._engine_failed(problem)
-            self._fill_special(bitmask, row)
+        else:
+            if empty is None:
+                empty = not as_numpy_bitmask(bitmask, self._rows.words)[row].any()
+            if not empty:
+                return
+            self._fail(GrammarEngineError(
+                f"the grammar allows no token at position {len(self._log)} (a dead end: no "
+                "output can continue the tokens accepted so far)"))
+            self._metrics.inc("engine_errors")
+            log.warning("request failed: %s", self._error)
+        self._fill_special(bitmask, row)
 
     def jump_forward(self) -> str:
         """Text the grammar forces next (empty while thinking, pending or terminated); the

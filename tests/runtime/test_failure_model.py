@@ -145,6 +145,33 @@ def test_empty_language_fails_at_compile_time(info, engine):
         assert not ok.failed, ok.error
 
 
+@pytest.mark.parametrize("batch", [False, True])
+def test_dead_end_row_fails_the_request_instead_of_masking_everything(local, info, batch):
+    """A grammar whose mask allows nothing at some step (here xgrammar's empty language,
+    compiled without the compile-time check) would turn every logit to -inf. The fill
+    detects the all-zero row, fails the request and leaves only the stop tokens."""
+    from portable_guided.runtime.compile_service import CompiledGrammar
+
+    rt = local["xgrammar"]
+    engine = rt._service.engine("xgrammar")
+    grammar = engine.compile(GrammarSpec.json_schema({"$ref": "#"}))
+    done: Future = Future()
+    done.set_result(CompiledGrammar(engine, grammar, engine.nbytes(grammar), "local", 0.0))
+    req = Request(done, rt._request_context, on_error="reject").wait(5)
+    other = rt.new_request(OBJECT).wait(60)
+    bm = rt.allocate_bitmask(2)
+    if batch:
+        rt.fill_bitmask([other, req], bm)
+    else:
+        req.fill(bm, 1)
+    assert req.failed and isinstance(req.error, GrammarEngineError)
+    assert "allows no token" in str(req.error)
+    assert allowed(bm[1], rt.vocab_size).tolist() == list(info.stop_token_ids)
+    assert req.accept(info.stop_token_ids[0])  # ends: no livelock
+    if batch:
+        assert not other.failed and allowed(bm[0], rt.vocab_size).size > 1
+
+
 def resample_until_done(req: Request, rt: GrammarRuntime, steps: int = 50) -> int:
     """An engine loop that resamples on rejection: the first allowed token that ``accept``
     takes, until a stop token is taken. Returns the steps taken; fails on a livelock."""
