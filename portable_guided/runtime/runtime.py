@@ -215,6 +215,7 @@ class GrammarRuntime:
         groups: dict[int, tuple[Engine, list[_Job]]] = {}
         chunks: dict[int, tuple[Engine, list[_Job]]] = {}
         n_rows = 0
+        filled: list[tuple[Request, int, bool]] = []  # checked after the engines ran
         perf = time.perf_counter
         t_fill = perf()
         with contextlib.ExitStack() as held:
@@ -225,6 +226,7 @@ class GrammarRuntime:
                 if matcher is None or engine is None:
                     continue  # written by fill_target (or left pending)
                 n_rows += 1
+                filled.append((req, row, engine.matcher_errors))
                 if not threaded:
                     chunks.setdefault(id(engine), (engine, []))[1].append((req, matcher, row))
                 elif pool_rows and engine.fill_releases_gil:
@@ -251,10 +253,9 @@ class GrammarRuntime:
                 # One pass over the bitmask finds rows the engines left all zeros (dead ends);
                 # int64 words halve the work.
                 wide = bm.view(np.int64) if bm.shape[1] % 2 == 0 else bm
-                alive = np.asarray(wide.any(axis=1))
-                for jobs in (*(j for _, j in chunks.values()), pooled,
-                             *(j for _, j in groups.values())):
-                    for req, _, row in jobs:
+                alive: list[bool] = np.asarray(wide.any(axis=1)).tolist()
+                for req, row, can_fail in filled:
+                    if can_fail or not alive[row]:
                         req.check_filled(bm, row, empty=not alive[row])
         if n_rows:
             if pooled and not groups:  # the pool's row times are exact

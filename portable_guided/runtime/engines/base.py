@@ -122,6 +122,9 @@ class Engine(ABC):
     #: Whether ``Matcher.fill`` releases the GIL, so the runtime's own threads can fill rows
     #: (timed one by one and ordered longest first); otherwise batches go to :meth:`fill_batch`.
     fill_releases_gil: bool = False
+    #: Whether a matcher can enter an error state it cannot leave (``Matcher.error``), so a
+    #: batch fill asks each of its matchers after filling.
+    matcher_errors: bool = False
     #: Columns of the model's vocabulary (bitmask rows cover them).
     vocab_size: int = 0
     #: The tokens that end a finished grammar.

@@ -170,6 +170,7 @@ class LLGuidanceEngine(Engine):
 
     name = "llguidance"
     fill_releases_gil = True  # LLMatcher.unsafe_compute_mask_ptr runs without the GIL
+    matcher_errors = True  # e.g. the lexer running past its limits on a token
 
     def __init__(self, lltokenizer: llguidance.LLTokenizer, *, fill_threads: int = 1) -> None:
         import llguidance as llg
