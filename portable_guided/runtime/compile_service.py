@@ -42,6 +42,10 @@ RUNTIME_CACHE_VERSION = "3"  # 2: checksummed entries; 3: empty languages refuse
 #: while a recompile costs what the worker just proved it costs.
 LOCAL_BELOW_S = 0.1
 
+#: Without a compile time limit, how long a miss waits for another process compiling the same
+#: key before compiling it here too (a held lock must never mean waiting forever).
+LOCK_WAIT_WITHOUT_LIMIT_S = 120.0
+
 
 @dataclass(frozen=True)
 class CompiledGrammar:
@@ -273,7 +277,8 @@ class CompileService:
             return hit
         # A miss: one compile across the processes sharing the directory; the others wait
         # (at most the time limit) and then load its entry.
-        with self._disk.single_flight(disk_key, self.timeout_s):
+        wait_s = self.timeout_s if self.timeout_s is not None else LOCK_WAIT_WITHOUT_LIMIT_S
+        with self._disk.single_flight(disk_key, wait_s):
             hit = self._from_disk(engine, disk_key)
             return hit if hit is not None else self._compile_new(engine, name, spec, disk_key)
 

