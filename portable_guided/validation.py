@@ -104,7 +104,12 @@ def _as_index_array(indices: Any, limit: int) -> np.ndarray:
 def _element_strides(x: Any, framework: str) -> tuple[int, ...] | None:
     """Strides of ``x`` in elements, or None where the framework does not expose them."""
     if framework == "torch":
-        return tuple(x.stride())
+        if x.is_contiguous():  # the common case; XLA tensors have no strides to read
+            return None
+        try:
+            return tuple(x.stride())
+        except (RuntimeError, NotImplementedError):  # a device without strided storage
+            return None
     if framework == "numpy":
         return tuple(s // x.itemsize for s in x.strides)
     strides = getattr(x, "strides", None)  # Paddle 3 (strided views), in elements
