@@ -88,7 +88,11 @@ def make_worker(mask_stride: int, vocab: int, max_num_logits: int, num_bonus_tok
     if "num_bonus_tokens" in inspect.signature(StructuredOutputsWorker.__init__).parameters:
         kwargs["num_bonus_tokens"] = num_bonus_tokens
     with cpu_streams():
-        return StructuredOutputsWorker(**kwargs)
+        worker = StructuredOutputsWorker(**kwargs)
+    if not hasattr(worker, "num_bonus_tokens"):
+        # vLLM 0.33's worker has none; tests that run 0.32's compact layout on it need it.
+        worker.num_bonus_tokens = num_bonus_tokens
+    return worker
 
 
 def vllm_v2_apply(original: Any, worker: Any, logits: torch.Tensor, input_batch: Any,
