@@ -26,6 +26,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.vllm)
 
 
+@pytest.fixture(autouse=True)
+def _no_pinned_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM 0.33's CUDA wheel, without a platform, asks for pinned memory; a CPU-only torch
+    has no allocator for it. vLLM's CPU platform says False: say it here too."""
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    for name in ("vllm.utils.torch_utils", "vllm.v1.structured_output.utils",
+                 "vllm.v1.worker.gpu.structured_outputs"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "PIN_MEMORY", False):
+            monkeypatch.setattr(module, "PIN_MEMORY", False)
+    torch_utils = sys.modules.get("vllm.utils.torch_utils")
+    if torch_utils is not None and hasattr(torch_utils, "is_pin_memory_available"):
+        monkeypatch.setattr(torch_utils, "is_pin_memory_available", lambda: False)
+
+
 def model_dir() -> str:
     """The SmolLM2 export (made once, kept in ``.cache/`` of the repository)."""
     from portable_guided.runners.hf_export import export_smollm2_hf

@@ -47,7 +47,8 @@ def test_env_zero_turns_it_off():
 def test_untested_vllm_version_is_left_alone_with_a_warning():
     out = _probe({"PORTABLE_GUIDED_VLLM": "1"}, before="vllm.__version__ = '0.99.0'")
     assert out.strip().endswith("UNPATCHED")
-    assert re.search(r"WARNING portable_guided was tested with vLLM 0\.32\.0, not 0\.99\.0", out)
+    assert re.search(r"WARNING portable_guided leaves vLLM 0\.99\.0's grammar bitmask application "
+                     r"unchanged for Model Runner V1: vLLM 0\.99\.0 is not a verified build", out)
     forced = _probe({"PORTABLE_GUIDED_VLLM": "force"}, before="vllm.__version__ = '0.99.0'")
     assert forced.strip().endswith("PATCHED") and "UNPATCHED" not in forced
 
@@ -107,9 +108,9 @@ def test_plugin_loads_and_applies_in_every_process():
     output = re.search(r"OUTPUT '(.*)'", log)
     assert output and re.fullmatch(r"[0-9]{3}-[0-9]{4}", output.group(1)), log[-3000:]
     took_over = set(re.findall(r"portable_guided took over vLLM \S+ grammar bitmask "
-                               r"application \(pid (\d+)\)", log))
+                               r"application in Model Runner V1 \(.*; pid (\d+)\)", log))
     applied = set(re.findall(r"portable_guided applied the first grammar bitmask in this "
-                             r"process \(pid (\d+)\)", log))
+                             r"process \(pid (\d+), Model Runner V1\)", log))
     main_pids = set(re.findall(r"\(MainProcess pid=(\d+)\)", log))
     # vLLM 0.32 on the CPU: an engine-core process and a worker process besides the script's
     # own; both loaded the plugin, and the worker (which runs the model) applied the masks.

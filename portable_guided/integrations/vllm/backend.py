@@ -25,6 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.structured_output.backend_types import (
@@ -100,6 +101,12 @@ class PortableGuidedBackend(StructuredOutputBackend):
             return GrammarSpec.any_json(any_whitespace=self.any_whitespace)
         if request_type == StructuredOutputOptions.REGEX:
             return GrammarSpec.regex(grammar_spec)
+        if request_type == getattr(StructuredOutputOptions, "CHOICE", None):
+            # vLLM 0.33: sent as is by non-Python frontends; its xgrammar backend compiles
+            # vLLM's own choice grammar, so do we.
+            from vllm.v1.structured_output.utils import choice_as_grammar
+
+            return GrammarSpec.ebnf(choice_as_grammar(json.loads(grammar_spec)))
         if request_type == StructuredOutputOptions.GRAMMAR:
             from vllm.v1.structured_output.utils import grammar_is_likely_lark
 
@@ -192,6 +199,10 @@ def _grammar_init(self: StructuredOutputManager, request: Any) -> None:
                 self.vllm_config, tokenizer=self.tokenizer,
                 vocab_size=self.vllm_config.model_config.get_vocab_size(), served_backend=name,
             )
+            if hasattr(self, "backend_name"):
+                # vLLM 0.33: one backend per engine, checked by name in grammar_init (which
+                # names the backend only when it builds it itself).
+                self.backend_name = name
     _ORIGINALS["grammar_init"](self, request)
 
 
@@ -218,6 +229,7 @@ def _grammar_bitmask(
         not isinstance(backend, PortableGuidedBackend)
         or not structured_output_request_ids
         or self.vllm_config.num_speculative_tokens
+        or getattr(self.vllm_config.model_config, "is_diffusion", False)
     ):
         # Speculative rows need accept/rollback between rows: vLLM's per-row path does it
         # through PortableGuidedGrammar.
@@ -229,15 +241,27 @@ def _grammar_bitmask(
             self.vllm_config.scheduler_config.max_num_seqs
         )
     rows: list[Request | None] = []
-    for req_id in structured_output_request_ids:
+    masked_ends: list[tuple[int, tuple[int, ...]]] = []
+    masked_reasoning_ends = getattr(self, "_masked_reasoning_ends", None)  # vLLM 0.33
+    for index, req_id in enumerate(structured_output_request_ids):
         request = requests[req_id]
         grammar = request.structured_output_request.grammar
         constrained = self._get_constraint_bounds(request, ()).constraint_start == 0
         # vLLM's own rule: a terminated grammar or an unconstrained (reasoning) row is
         # all-allowed; None does exactly that.
         rows.append(grammar.request if constrained and not grammar.is_terminated() else None)
+        if not constrained and masked_reasoning_ends is not None:
+            # vLLM 0.33: a row still reasoning blocks the implicit reasoning-end tokens its
+            # grammar could not start with.
+            masked = masked_reasoning_ends(request)
+            if masked:
+                masked_ends.append((index, masked))
     bitmask = self._grammar_bitmask[: len(rows)].numpy()
     backend.runtime.fill_bitmask(rows, bitmask)
+    for index, masked in masked_ends:
+        row = bitmask[index].view(np.uint32)
+        for token_id in masked:
+            row[token_id >> 5] &= ~np.uint32(1 << (token_id & 31))
     return bitmask
 
 
