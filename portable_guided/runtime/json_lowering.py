@@ -56,6 +56,10 @@ _FAMILY = {**{k: "number" for k in _NUMBER_KW}, **{k: "string" for k in _STRING_
 _ANNOTATIONS = frozenset(("title", "description", "default", "examples", "$comment",
                           "$schema", "deprecated", "readOnly", "writeOnly", "contentEncoding",
                           "contentMediaType", "contentSchema", "$vocabulary"))
+#: Keywords whose subschemas apply to the instance itself (their annotations count for
+#: unevaluatedProperties/unevaluatedItems of the schema that holds them).
+_IN_PLACE = frozenset(("allOf", "anyOf", "oneOf", "not", "if", "then", "else",
+                       "dependentSchemas"))
 _DEFAULT_BASE = "https://portable-guided.invalid/root.json"
 #: Largest number of branches a distribution of anyOf/oneOf may produce.
 MAX_BRANCHES = 16
@@ -214,6 +218,7 @@ class _Lowerer:
             doc.get("$defs"), Mapping) else {}
         self._lowered: dict[str, Any] = {}
         self._busy: set[str] = set()
+        self.keep = False
 
     def run(self) -> Any:
         defs = self.doc.pop("$defs", None)
@@ -224,21 +229,23 @@ class _Lowerer:
                 out_defs[name] = self.target(f"#/$defs/{name}") if name in self.defs else sub
             if isinstance(root, dict):
                 root["$defs"] = out_defs
-        return root
+        # Last, as a pass of its own: split schemas merge less well.
+        return _map_bottom_up(root, self._split_types)
 
     # A ref target lowered once (None while it is being lowered: a recursive target).
     def target(self, ref: str) -> Any:
         name = ref.rsplit("/", 1)[-1]
-        if name in self._lowered:
-            return self._lowered[name]
-        if name in self._busy:
+        key = f"{name}/{self.keep}"
+        if key in self._lowered:
+            return self._lowered[key]
+        if key in self._busy:
             raise _NotExact("recursive $ref")
-        self._busy.add(name)
+        self._busy.add(key)
         try:
-            out = self.node(copy.deepcopy(self.defs[name]))
+            out = self.node(copy.deepcopy(self.defs[name]), keep=self.keep)
         finally:
-            self._busy.discard(name)
-        self._lowered[name] = out
+            self._busy.discard(key)
+        self._lowered[key] = out
         return out
 
     def inline(self, ref: str) -> Any:
@@ -250,38 +257,48 @@ class _Lowerer:
             raise _NotExact("a $ref inside the target")
         return copy.deepcopy(target)
 
-    def node(self, s: Any, depth: int = 0) -> Any:
+    def node(self, s: Any, depth: int = 0, keep: bool = False) -> Any:
+        """``s`` lowered, children first. ``keep``: ``s`` is an in-place applicator of a
+        schema with ``unevaluated*`` keywords, which see the annotations ``s`` produces, so
+        only rewrites that keep them (not ``not`` nor ``if``) may run."""
         if not isinstance(s, dict):
             return s
-        # Children first (bottom up).
+        keep = keep or "unevaluatedProperties" in s or "unevaluatedItems" in s
         for key in _SUB:
             if key in s and isinstance(s[key], (Mapping, bool)):
-                s[key] = self.node(s[key], depth)
+                s[key] = self.node(s[key], depth, keep and key in _IN_PLACE)
         for key in _MAPS:
             if key != "$defs" and isinstance(s.get(key), Mapping):
-                s[key] = {k: self.node(v, depth) for k, v in s[key].items()}
+                s[key] = {k: self.node(v, depth, keep and key in _IN_PLACE)
+                          for k, v in s[key].items()}
         for key in (*_LISTS, "items"):
             if isinstance(s.get(key), list):
-                s[key] = [self.node(v, depth) for v in s[key]]
-        return self.rewrite(s, depth)
+                s[key] = [self.node(v, depth, keep and key in _IN_PLACE) for v in s[key]]
+        saved, self.keep = self.keep, keep
+        try:
+            return self.rewrite(s, depth)
+        finally:
+            self.keep = saved
 
     def rewrite(self, s: dict[str, Any], depth: int = 0) -> Any:
         """Apply the steps in order; a step that builds a new schema (a merge brings
         keywords together that may need lowering again) restarts from its children."""
         steps = (self._drop_false_branches, self._merge_all_of, self._merge_ref,
                  self._unevaluated, self._not, self._if_then_else, self._dependent,
-                 self._split_types, self._distribute)
+                 self._distribute)
         if "unevaluatedProperties" in s or "unevaluatedItems" in s:
             # What is "evaluated" depends on the applicators beside: only rewrites that
             # keep it (merging allOf and $ref targets into this schema) run first.
             steps = steps[:4]
+        elif self.keep:
+            steps = tuple(st for st in steps if st not in (self._not, self._if_then_else))
         for step in steps:
             try:
                 out = step(s)
             except _NotExact:
                 continue
             if out is not s:
-                return self.node(out, depth + 1) if depth < 8 else out
+                return self.node(out, depth + 1, self.keep) if depth < 8 else out
         return s
 
     # -- steps (each returns the rewritten schema or raises _NotExact) -----------------------
@@ -424,6 +441,21 @@ class _Lowerer:
             merged = [merge(body, b, self.inline) for b in branches]
             return {**keep, key: merged}
         return s
+
+
+def _map_bottom_up(s: Any, fn: Any) -> Any:
+    if not isinstance(s, dict):
+        return s
+    for key in _SUB:
+        if key in s and isinstance(s[key], (Mapping, bool)):
+            s[key] = _map_bottom_up(s[key], fn)
+    for key in _MAPS:
+        if isinstance(s.get(key), Mapping):
+            s[key] = {k: _map_bottom_up(v, fn) for k, v in s[key].items()}
+    for key in (*_LISTS, "items"):
+        if isinstance(s.get(key), list):
+            s[key] = [_map_bottom_up(v, fn) for v in s[key]]
+    return fn(s)
 
 
 # -- merge (conjunction) and negation --------------------------------------------------------
@@ -591,6 +623,13 @@ def _merge_key(k: str, a: Mapping[str, Any], b: Mapping[str, Any], inline: Any) 
         if isinstance(x, list) or isinstance(y, list):
             raise _NotExact("draft-4 items")
         return merge(x, y, inline)
+    if k in ("anyOf", "oneOf"):
+        # (x1 or x2) and (y1 or y2) = (x1 and y1) or (x1 and y2) or ...; for oneOf the
+        # pairs valid number count_x * count_y, which is 1 exactly when both counts are.
+        if len(x) * len(y) > MAX_BRANCHES:
+            raise _NotExact("too many branches")
+        pairs = [merge(bx, by, inline) for bx in x for by in y]
+        return [p for p in pairs if p is not False] or [False]
     if k == "prefixItems":
         n = max(len(x), len(y))
         return [merge(x[i] if i < len(x) else True, y[i] if i < len(y) else True, inline)
@@ -609,10 +648,6 @@ _NEG_COUNT = {"minLength": ("maxLength", "string", -1), "maxLength": ("minLength
               "minItems": ("maxItems", "array", -1), "maxItems": ("minItems", "array", 1),
               "minProperties": ("maxProperties", "object", -1),
               "maxProperties": ("minProperties", "object", 1)}
-
-
-def _other_types(t: str) -> list[str]:
-    return [x for x in _TYPES if x != t]
 
 
 def negate(s: Any, inline: Any) -> Any:
@@ -637,13 +672,12 @@ def negate(s: Any, inline: Any) -> Any:
             rest = [t for t in _TYPES if t not in ts and not (t == "number" and "integer" in ts)]
             parts.append({"type": _type_list(set(rest))} if rest else False)
         elif k in _NEG_BOUND:
-            other, fam = _NEG_BOUND[k]
-            parts += [{"type": _other_types(fam)}, {"type": fam, other: v}]
+            other, fam = _NEG_BOUND[k]  # other types satisfy the bound vacuously
+            parts.append({"type": fam, other: v})
         elif k in _NEG_COUNT:
             other, fam, step = _NEG_COUNT[k]
-            if v + step < 0:
-                continue  # maxLength: -1 cannot be violated ... (minX: 0 always holds)
-            parts += [{"type": _other_types(fam)}, {"type": fam, other: v + step}]
+            if v + step >= 0:  # (minLength: 0 always holds)
+                parts.append({"type": fam, other: v + step})
         elif k == "required":
             parts += [{"type": "object", "properties": {name: False}} for name in v]
         elif k in ("enum", "const"):
