@@ -50,7 +50,7 @@ def main() -> int:
                 print(" ", r["id"], r["status"], r["tests"], r.get("error", "")[:150])
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
-            json.dump(out, fh, indent=1)
+            json.dump(out, fh, separators=(",", ":"))  # compact: one row per group
     return 0
 
 

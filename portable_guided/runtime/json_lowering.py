@@ -30,12 +30,15 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import logging
 import math
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 __all__ = ["engine_schema_text", "lower", "unsound", "xgrammar_escapes"]
+
+_log = logging.getLogger(__name__)
 
 _SUB = ("additionalProperties", "items", "contains", "not", "if", "then", "else",
         "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems")
@@ -73,7 +76,17 @@ class _NotExact(Exception):
 def engine_schema_text(text: str) -> str:
     """The schema an engine compiles for the schema JSON ``text``: :func:`lower`'s result,
     as JSON text (cached: ``auto`` lowers once for both engines)."""
-    return json.dumps(lower(json.loads(text)), ensure_ascii=False, separators=(",", ":"))
+    schema = json.loads(text)
+    try:
+        lowered = lower(schema)
+    except (RecursionError, ValueError, TypeError, KeyError, IndexError) as exc:
+        # A shape the rewrites did not foresee: the engines get the schema as it is (and
+        # the soundness checks still run on it).
+        _log.warning("schema not lowered (%s: %s)", type(exc).__name__, exc)
+        return text
+    if lowered is True:
+        lowered = {}  # the same language; engines want an object at the root
+    return json.dumps(lowered, ensure_ascii=False, separators=(",", ":"))
 
 
 def lower(schema: Any) -> Any:
@@ -138,7 +151,9 @@ def _hoist_refs(doc: dict[str, Any]) -> dict[str, Any]:
     def visit(node: Any, pointer: str, base: str) -> None:
         if not isinstance(node, dict):
             return
-        if isinstance(node.get("$id"), str):
+        if isinstance(node.get("$id"), str) and node["$id"].startswith("#"):
+            anchors.setdefault(f"{base}{node['$id']}", pointer)  # draft 6/7 plain-name id
+        elif isinstance(node.get("$id"), str):
             base = urllib.parse.urljoin(base, node["$id"]).split("#")[0]
             resources.setdefault(base, pointer)
         for key in ("$anchor", *(() if dynamic else ("$dynamicAnchor",))):
@@ -283,9 +298,10 @@ class _Lowerer:
     def rewrite(self, s: dict[str, Any], depth: int = 0) -> Any:
         """Apply the steps in order; a step that builds a new schema (a merge brings
         keywords together that may need lowering again) restarts from its children."""
-        steps = (self._drop_false_branches, self._merge_all_of, self._merge_ref,
+        steps: tuple[Callable[[dict[str, Any]], Any], ...] = (
+                 self._drop_false_branches, self._merge_all_of, self._merge_ref,
                  self._unevaluated, self._not, self._if_then_else, self._dependent,
-                 self._distribute)
+                 self._distribute, self._one_of_by_type)
         if "unevaluatedProperties" in s or "unevaluatedItems" in s:
             # What is "evaluated" depends on the applicators beside: only rewrites that
             # keep it (merging allOf and $ref targets into this schema) run first.
@@ -423,6 +439,34 @@ class _Lowerer:
             branches.append({"type": fam, **{k: v for k, v in s.items() if _FAMILY.get(k) == fam}})
         keep = {k: v for k, v in s.items() if k in _ANNOTATIONS or k == "$defs"}
         return {**keep, "anyOf": branches}
+
+    def _one_of_by_type(self, s: dict[str, Any]) -> Any:
+        """A ``oneOf`` whose branches may overlap, taken one instance type at a time: on a
+        type where the branches left are disjoint it stays; where two or more branches
+        accept every value of the type, no value of it is valid; otherwise not exact."""
+        branches = s.get("oneOf")
+        if not isinstance(branches, list) or len(branches) < 2 or (
+                set(s) - _ANNOTATIONS - {"oneOf", "$defs"}):
+            return s
+        if _pairwise_disjoint(branches, self.defs):
+            return s
+        parts = []
+        for t in _TYPES:
+            live = [m for m in (_only_type(merge(b, {"type": t}, self.inline), t)
+                                for b in branches) if m is not False]
+            if len(live) == 1:
+                parts.append(live[0])
+            elif len(live) > 1:
+                if _pairwise_disjoint(live, self.defs):
+                    parts.append({"oneOf": live})
+                elif sum(set(m) - _ANNOTATIONS == {"type"} and m["type"] == t
+                         for m in live) < 2:
+                    raise _NotExact(f"oneOf branches overlap on {t}")
+        keep = {k: v for k, v in s.items() if k != "oneOf"}
+        if not parts:
+            return False
+        return {**keep, "anyOf": parts} if len(parts) > 1 else merge(keep, parts[0],
+                                                                       self.inline)
 
     def _distribute(self, s: dict[str, Any]) -> Any:
         """``anyOf``/``oneOf`` beside other keywords: the keywords merged into each branch
@@ -773,6 +817,13 @@ def disjoint(a: Any, b: Any, defs: Mapping[str, Any], depth: int = 0) -> bool:
         req = set(a.get("required") or []) & set(b.get("required") or [])
         if any(p in pa and p in pb and disjoint(pa[p], pb[p], defs, depth + 1) for p in req):
             return True
+        # A property one side requires and the other forbids.
+        for one, other, props in ((a, b, pb), (b, a, pa)):
+            closed = other.get("additionalProperties") is False and not other.get(
+                "patternProperties")
+            if any(props.get(p) is False or (closed and p not in props)
+                   for p in one.get("required") or []):
+                return True
     return False
 
 
@@ -788,6 +839,20 @@ def _deref(s: Mapping[str, Any], defs: Mapping[str, Any]) -> Mapping[str, Any] |
             return None
         s = target
     return None
+
+
+def _only_type(s: Any, t: str) -> Any:
+    """``s`` restricted to instances of type ``t``, without the keywords of other types
+    (they hold vacuously there)."""
+    if not isinstance(s, dict):
+        return s
+    fam = "number" if t == "integer" else t
+    return {k: v for k, v in s.items() if _FAMILY.get(k, fam) == fam}
+
+
+def _pairwise_disjoint(branches: list[Any], defs: Mapping[str, Any]) -> bool:
+    return all(disjoint(branches[i], branches[j], defs)
+               for i in range(len(branches)) for j in range(i + 1, len(branches)))
 
 
 def unsound(schema: Any) -> list[str]:

@@ -18,7 +18,7 @@ from portable_guided.runtime.json_lowering import lower, unsound
 jsonschema = pytest.importorskip("jsonschema")
 hypothesis = pytest.importorskip("hypothesis")
 st = pytest.importorskip("hypothesis.strategies")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, given, settings
 
 SUITE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / \
     "json-schema-test-suite" / "draft2020-12"
@@ -174,6 +174,10 @@ def _decisions(schema, xs):
         return [_valid(schema, x) for x in xs]
     except RecursionError:
         return None
+    except BaseException as exc:  # the validator's Rust registry panics past some depth
+        if type(exc).__name__ != "PanicException":
+            raise
+        return None
 
 
 # -- templates: each rewrite on flat operands (random nesting reaches them rarely) -----------
@@ -218,7 +222,7 @@ def _flat(r):
 
 def _template(r):
     """A schema exercising one rewrite on flat operands."""
-    f = lambda: _flat(r)  # noqa: E731
+    f = lambda: _flat(r)
     kind = r.randrange(13)
     if kind == 12:  # oneOf with a discriminator property (or not quite one)
         return {"oneOf": [{**r.choice([{}, r.choice(CONCRETE)]),
