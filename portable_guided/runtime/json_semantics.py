@@ -8,8 +8,10 @@ compiles it:
   (``additionalProperties``); ``strict=True`` selects the strict variant, applied to the
   schema itself before any engine sees it (:func:`strict_schema`, as vLLM's
   ``disable_additional_properties``);
-- ``oneOf`` is read as ``anyOf`` by both engines (an instance matching several branches is
-  accepted);
+- ``oneOf`` is enforced only where its branches are provably disjoint (both engines read it
+  as ``anyOf``; ``json_lowering.unsound`` refuses the rest);
+- schemas are lowered first into exactly equivalent forms the engines enforce
+  (``json_lowering``);
 - a keyword an engine would silently ignore makes that engine refuse the schema
   (:func:`xgrammar_unsupported`; llguidance refuses such keywords itself), so ``auto`` falls
   back instead of producing a different language.

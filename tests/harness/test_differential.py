@@ -35,5 +35,10 @@ def test_engines_agree_on_every_instance_of_the_subset(deepseek):
     meta = {r["id"]: r["meta_expect"] for r in records}
     for row in rows:
         both = row["compiled"].get("llguidance") and row["compiled"].get("xgrammar")
+        if both and meta[row["id"]] == "xgrammar_refuses":
+            # Refused before the lowering (runtime/json_lowering.py) made the schema exact
+            # for xgrammar: then both engines must decide every instance as its label says.
+            assert all(v == x == g for v, x, g in row["tests"]), (row["id"], row)
+            continue
         assert ("both" if both else "xgrammar_refuses") == meta[row["id"]], (row["id"], row)
     assert sum(len(r["tests"]) for r in rows) >= 60  # instances compared

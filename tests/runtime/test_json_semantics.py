@@ -97,12 +97,23 @@ def test_strict_schema_rewrite_exact():
     assert "additionalProperties" not in schema  # the caller's schema is untouched
 
 
-def test_one_of_reads_as_any_of_on_both_engines(runtimes):
+def test_one_of_with_overlapping_branches_is_refused_on_both_engines(runtimes):
+    # 3 matches both branches: JSON Schema says invalid, and both engines would read oneOf
+    # as anyOf and accept it; so both refuse the schema (json_lowering.unsound).
     schema = {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]}
     spec = GrammarSpec.json_schema(schema)
-    # 3 matches both branches: JSON Schema says invalid; both engines accept (documented).
-    assert [_decide(runtimes[e], spec, 3) for e in ("xgrammar", "llguidance")] == [True, True]
-    assert [_decide(runtimes[e], spec, "s") for e in ("xgrammar", "llguidance")] == [False] * 2
+    assert [_decide(runtimes[e], spec, 3) for e in ("xgrammar", "llguidance")] == [None, None]
+
+
+def test_one_of_with_disjoint_branches_is_enforced_on_both_engines(runtimes):
+    schema = {"oneOf": [{"type": "integer"}, {"type": "object", "properties": {
+        "k": {"const": "a"}}, "required": ["k"]}, {"type": "object", "properties": {
+            "k": {"enum": ["b", "c"]}, "v": {"type": "string"}}, "required": ["k"]}]}
+    spec = GrammarSpec.json_schema(schema)
+    for instance in (3, "s", {"k": "a"}, {"k": "b", "v": "x"}, {"k": "c", "v": 1}, {"k": "d"}):
+        expected = jsonschema.Draft202012Validator(schema).is_valid(instance)
+        for e in ("xgrammar", "llguidance"):
+            assert _decide(runtimes[e], spec, instance) == expected, (e, instance)
 
 
 def test_xgrammar_reasons_name_the_keyword_and_pointer():

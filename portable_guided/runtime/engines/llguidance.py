@@ -8,6 +8,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..json_lowering import engine_schema_text, unsound
 from ..specs import GrammarSpec
 from .base import Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
 
@@ -205,11 +206,17 @@ class LLGuidanceEngine(Engine):
         """The llguidance grammar (JSON text) for ``spec``."""
         L = self._llg.LLMatcher
         kind, data = spec.kind, spec.payload
-        # oneOf is read as anyOf, as xgrammar does (docs/runtime.md, JSON schema semantics).
+        # coerce_one_of reads oneOf as anyOf: exact only on disjoint branches, so a oneOf
+        # whose branches may overlap is refused first (json_lowering.unsound).
         json_opts = {"whitespace_flexible": bool(spec.option("any_whitespace", True)),
                      "coerce_one_of": True}
         if kind == "json_schema":
-            return str(L.grammar_from_json_schema(spec.engine_schema_text(), defaults=json_opts))
+            text = engine_schema_text(spec.engine_schema_text())
+            problems = unsound(json.loads(text))
+            if problems:
+                more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+                raise UnsupportedSpec("; ".join(problems[:3]) + more)
+            return str(L.grammar_from_json_schema(text, defaults=json_opts))
         if kind == "any_json":
             return str(L.grammar_from_json_schema('{"type":"object"}', defaults=json_opts))
         if kind == "regex":

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..json_lowering import engine_schema_text, unsound, xgrammar_escapes
 from ..json_semantics import xgrammar_unsupported
 from ..specs import GrammarSpec
 from .base import Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
@@ -152,9 +153,12 @@ class XGrammarEngine(Engine):
         if kind == "json_schema":
             # One language on every engine (json_semantics): strictness is in the schema
             # text, never xgrammar's strict_mode (which also forbids array items that no
-            # `items` declares), and keywords xgrammar would ignore make it refuse.
-            text = spec.engine_schema_text()
-            problems = xgrammar_unsupported(json.loads(text))
+            # `items` declares), and keywords xgrammar would ignore make it refuse. The
+            # schema is lowered first (exact rewrites, json_lowering).
+            text = engine_schema_text(spec.engine_schema_text())
+            schema = json.loads(text)
+            problems = [*unsound(schema), *xgrammar_escapes(schema),
+                        *xgrammar_unsupported(schema)]
             if problems:
                 more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
                 raise UnsupportedSpec("; ".join(problems[:3]) + more)

@@ -1,0 +1,929 @@
+"""Exact rewrites of a JSON schema into forms the engines enforce, and the soundness checks
+that refuse what an engine would read differently.
+
+:func:`lower` runs on every ``json_schema`` spec before an engine compiles it (both engines'
+json compile paths call :func:`engine_schema_text`). Every rewrite is an exact equivalence under
+JSON Schema 2020-12 (the instances a lowered schema accepts are the instances the original
+accepts; pinned by the JSON Schema Test Suite and by property-based tests against the
+``jsonschema`` validator, ``tests/runtime/test_json_lowering.py``); a rewrite that would not
+be exact in a given schema is skipped, leaving the keyword for the engine to enforce or
+refuse. The rewrites:
+
+- ``$ref`` is resolved locally (``$id`` base URIs, ``$anchor``, ``$dynamicAnchor`` where no
+  ``$dynamicRef`` exists, JSON pointers) and every target is hoisted to ``#/$defs/pg<n>``;
+- ``allOf`` is merged into its parent (and ``$ref`` beside other keywords, where the target is
+  not recursive) where the conjunction is expressible keyword by keyword;
+- ``anyOf``/``oneOf`` beside other keywords are distributed over the branches, ``false``
+  branches dropped;
+- ``not`` of simple forms, ``if``/``then``/``else``, ``dependentRequired`` and
+  ``dependentSchemas`` become ``anyOf``; ``unevaluatedProperties``/``unevaluatedItems`` become
+  ``additionalProperties``/``items`` where no applicator remains beside them;
+- keywords of one instance type on a schema without ``type`` are split per type.
+
+:func:`unsound` lists what neither engine reads as JSON Schema does (``oneOf`` whose branches
+may overlap, read as ``anyOf``; ``$dynamicRef``; unresolved non-pointer ``$ref``);
+:func:`xgrammar_escapes` property names xgrammar 0.2.8 mis-escapes.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+import math
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+__all__ = ["engine_schema_text", "lower", "unsound", "xgrammar_escapes"]
+
+_log = logging.getLogger(__name__)
+
+_SUB = ("additionalProperties", "items", "contains", "not", "if", "then", "else",
+        "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_DATA = ("enum", "const", "default", "examples")
+
+_TYPES = ("null", "boolean", "object", "array", "string", "number")
+_NUMBER_KW = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+_STRING_KW = ("minLength", "maxLength", "pattern", "format")
+_ARRAY_KW = ("items", "prefixItems", "minItems", "maxItems", "uniqueItems", "contains",
+             "minContains", "maxContains", "unevaluatedItems", "additionalItems")
+_OBJECT_KW = ("properties", "patternProperties", "additionalProperties", "required",
+              "minProperties", "maxProperties", "propertyNames", "dependentRequired",
+              "dependentSchemas", "unevaluatedProperties")
+_FAMILY = {**{k: "number" for k in _NUMBER_KW}, **{k: "string" for k in _STRING_KW},
+           **{k: "array" for k in _ARRAY_KW}, **{k: "object" for k in _OBJECT_KW}}
+_ANNOTATIONS = frozenset(("title", "description", "default", "examples", "$comment",
+                          "$schema", "deprecated", "readOnly", "writeOnly", "contentEncoding",
+                          "contentMediaType", "contentSchema", "$vocabulary"))
+#: Keywords whose subschemas apply to the instance itself (their annotations count for
+#: unevaluatedProperties/unevaluatedItems of the schema that holds them).
+_IN_PLACE = frozenset(("allOf", "anyOf", "oneOf", "not", "if", "then", "else",
+                       "dependentSchemas"))
+_DEFAULT_BASE = "https://portable-guided.invalid/root.json"
+#: Largest number of branches a distribution of anyOf/oneOf may produce.
+MAX_BRANCHES = 16
+
+
+class _NotExact(Exception):
+    """A rewrite that would not be exact for this schema (the keyword stays)."""
+
+
+@functools.lru_cache(maxsize=256)
+def engine_schema_text(text: str) -> str:
+    """The schema an engine compiles for the schema JSON ``text``: :func:`lower`'s result,
+    as JSON text (cached: ``auto`` lowers once for both engines)."""
+    schema = json.loads(text)
+    try:
+        lowered = lower(schema)
+    except (RecursionError, ValueError, TypeError, KeyError, IndexError) as exc:
+        # A shape the rewrites did not foresee: the engines get the schema as it is (and
+        # the soundness checks still run on it).
+        _log.warning("schema not lowered (%s: %s)", type(exc).__name__, exc)
+        return text
+    if lowered is True:
+        lowered = {}  # the same language; engines want an object at the root
+    return json.dumps(lowered, ensure_ascii=False, separators=(",", ":"))
+
+
+def lower(schema: Any) -> Any:
+    """``schema`` rewritten into exactly equivalent forms the engines enforce (a new object;
+    ``schema`` is untouched)."""
+    if not isinstance(schema, Mapping):
+        return schema
+    doc = _hoist_refs(copy.deepcopy(dict(schema)))
+    return _Lowerer(doc).run()
+
+
+# -- references ------------------------------------------------------------------------------
+def _children(node: Mapping[str, Any], pointer: str) -> Iterator[tuple[str, Any]]:
+    for key in _SUB:
+        if key in node and isinstance(node[key], (Mapping, bool)):
+            yield f"{pointer}/{key}", node[key]
+    for key in _MAPS:
+        if isinstance(node.get(key), Mapping):
+            for name, sub in node[key].items():
+                yield f"{pointer}/{key}/{_esc(name)}", sub
+    for key in (*_LISTS, "items"):
+        if isinstance(node.get(key), list):
+            for i, sub in enumerate(node[key]):
+                yield f"{pointer}/{key}/{i}", sub
+
+
+def _walk(node: Any, pointer: str = "") -> Iterator[tuple[str, Any]]:
+    yield pointer, node
+    if isinstance(node, Mapping):
+        for p, sub in _children(node, pointer):
+            yield from _walk(sub, p)
+
+
+def _esc(part: Any) -> str:
+    return str(part).replace("~", "~0").replace("/", "~1")
+
+
+def _get(doc: Any, pointer: str) -> Any:
+    node = doc
+    for raw in pointer.split("/")[1:]:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list):
+            node = node[int(part)]
+        elif isinstance(node, Mapping):
+            node = node[part]
+        else:
+            raise KeyError(pointer)
+    return node
+
+
+def _hoist_refs(doc: dict[str, Any]) -> dict[str, Any]:
+    """Resolve every ``$ref`` of ``doc`` and point it at a copy of its target in the root's
+    ``$defs`` (``pg<n>``); base URIs and anchors are dropped once resolved. A ``$ref`` that
+    cannot be resolved locally (remote, unknown anchor) is left as it is; a schema with
+    ``$dynamicRef`` keeps its anchors (its dynamic scope is not modelled)."""
+    dynamic = any(isinstance(n, Mapping) and "$dynamicRef" in n for _, n in _walk(doc))
+    resources: dict[str, str] = {}
+    anchors: dict[str, str] = {}
+    refs: list[tuple[dict[str, Any], str]] = []  # (node, absolute uri)
+    root_base = _DEFAULT_BASE
+
+    def visit(node: Any, pointer: str, base: str) -> None:
+        if not isinstance(node, dict):
+            return
+        if isinstance(node.get("$id"), str) and node["$id"].startswith("#"):
+            anchors.setdefault(f"{base}{node['$id']}", pointer)  # draft 6/7 plain-name id
+        elif isinstance(node.get("$id"), str):
+            base = urllib.parse.urljoin(base, node["$id"]).split("#")[0]
+            resources.setdefault(base, pointer)
+        for key in ("$anchor", *(() if dynamic else ("$dynamicAnchor",))):
+            if isinstance(node.get(key), str):
+                anchors.setdefault(f"{base}#{node[key]}", pointer)
+        if isinstance(node.get("$ref"), str):
+            refs.append((node, urllib.parse.urljoin(base, node["$ref"])))
+        for p, sub in _children(node, pointer):
+            visit(sub, p, base)
+
+    if isinstance(doc.get("$id"), str):
+        root_base = urllib.parse.urljoin(_DEFAULT_BASE, doc["$id"]).split("#")[0]
+    resources[root_base] = ""
+    resources.setdefault(_DEFAULT_BASE, "")
+    visit(doc, "", root_base)
+    if dynamic:
+        return doc
+    targets: dict[str, str] = {}
+    for node, uri in refs:
+        resource, _, fragment = uri.partition("#")
+        fragment = urllib.parse.unquote(fragment)
+        if resource not in resources:
+            continue
+        if fragment == "" or fragment.startswith("/"):
+            pointer = resources[resource] + fragment
+        elif f"{resource}#{fragment}" in anchors:
+            pointer = anchors[f"{resource}#{fragment}"]
+        else:
+            continue
+        try:
+            _get(doc, pointer)
+        except (KeyError, IndexError, ValueError):
+            continue
+        name = targets.setdefault(pointer, f"pg{len(targets)}")
+        node["$ref"] = f"#/$defs/{name}"
+    copies = {name: copy.deepcopy(_get(doc, pointer)) for pointer, name in targets.items()}
+    resolved = {f"#/$defs/{n}" for n in copies}
+
+    def clean(node: Any, root: bool) -> Any:
+        if not isinstance(node, dict):
+            return node
+        for key in ("$id", "$anchor", "$dynamicAnchor"):
+            node.pop(key, None)
+        if not root:
+            node.pop("$schema", None)
+        # Every target is hoisted: what else $defs hold is unreachable.
+        node.pop("$defs", None)
+        node.pop("definitions", None)
+        for _, sub in _children(node, ""):
+            clean(sub, False)
+        return node
+
+    if all(r in resolved for r in _refs(doc)):
+        for c in copies.values():
+            clean(c, False)
+        clean(doc, True)
+        if copies:
+            doc["$defs"] = copies
+    elif copies:
+        doc.setdefault("$defs", {})
+        if isinstance(doc["$defs"], dict):
+            doc["$defs"].update(copies)
+    return doc
+
+
+def _refs(doc: Any) -> Iterator[str]:
+    for _, node in _walk(doc):
+        if isinstance(node, Mapping) and isinstance(node.get("$ref"), str):
+            yield node["$ref"]
+
+
+# -- the lowering ----------------------------------------------------------------------------
+class _Lowerer:
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.doc = doc
+        self.defs: dict[str, Any] = dict(doc.get("$defs") or {}) if isinstance(
+            doc.get("$defs"), Mapping) else {}
+        self._lowered: dict[str, Any] = {}
+        self._busy: set[str] = set()
+        self.keep = False
+
+    def run(self) -> Any:
+        defs = self.doc.pop("$defs", None)
+        root = self.node(self.doc)
+        if isinstance(defs, Mapping):
+            out_defs = {}
+            for name, sub in defs.items():
+                out_defs[name] = self.target(f"#/$defs/{name}") if name in self.defs else sub
+            if isinstance(root, dict):
+                root["$defs"] = out_defs
+        # Last, as a pass of its own: split schemas merge less well.
+        return _map_bottom_up(root, self._split_types)
+
+    # A ref target lowered once (None while it is being lowered: a recursive target).
+    def target(self, ref: str) -> Any:
+        name = ref.rsplit("/", 1)[-1]
+        key = f"{name}/{self.keep}"
+        if key in self._lowered:
+            return self._lowered[key]
+        if key in self._busy:
+            raise _NotExact("recursive $ref")
+        self._busy.add(key)
+        try:
+            out = self.node(copy.deepcopy(self.defs[name]), keep=self.keep)
+        finally:
+            self._busy.discard(key)
+        self._lowered[key] = out
+        return out
+
+    def inline(self, ref: str) -> Any:
+        """The lowered target of ``ref`` if it is not recursive, else raise _NotExact."""
+        if not (ref.startswith("#/$defs/pg") and ref.rsplit("/", 1)[-1] in self.defs):
+            raise _NotExact(f"unresolved $ref {ref}")
+        target = self.target(ref)
+        if any(True for _ in _refs(target)):
+            raise _NotExact("a $ref inside the target")
+        return copy.deepcopy(target)
+
+    def node(self, s: Any, depth: int = 0, keep: bool = False) -> Any:
+        """``s`` lowered, children first. ``keep``: ``s`` is an in-place applicator of a
+        schema with ``unevaluated*`` keywords, which see the annotations ``s`` produces, so
+        only rewrites that keep them (not ``not`` nor ``if``) may run."""
+        if not isinstance(s, dict):
+            return s
+        keep = keep or "unevaluatedProperties" in s or "unevaluatedItems" in s
+        for key in _SUB:
+            if key in s and isinstance(s[key], (Mapping, bool)):
+                s[key] = self.node(s[key], depth, keep and key in _IN_PLACE)
+        for key in _MAPS:
+            if key != "$defs" and isinstance(s.get(key), Mapping):
+                s[key] = {k: self.node(v, depth, keep and key in _IN_PLACE)
+                          for k, v in s[key].items()}
+        for key in (*_LISTS, "items"):
+            if isinstance(s.get(key), list):
+                s[key] = [self.node(v, depth, keep and key in _IN_PLACE) for v in s[key]]
+        saved, self.keep = self.keep, keep
+        try:
+            return self.rewrite(s, depth)
+        finally:
+            self.keep = saved
+
+    def rewrite(self, s: dict[str, Any], depth: int = 0) -> Any:
+        """Apply the steps in order; a step that builds a new schema (a merge brings
+        keywords together that may need lowering again) restarts from its children."""
+        steps: tuple[Callable[[dict[str, Any]], Any], ...] = (
+                 self._drop_false_branches, self._merge_all_of, self._merge_ref,
+                 self._unevaluated, self._not, self._if_then_else, self._dependent,
+                 self._distribute, self._one_of_by_type)
+        if "unevaluatedProperties" in s or "unevaluatedItems" in s:
+            # What is "evaluated" depends on the applicators beside: only rewrites that
+            # keep it (merging allOf and $ref targets into this schema) run first.
+            steps = steps[:4]
+        elif self.keep:
+            steps = tuple(st for st in steps if st not in (self._not, self._if_then_else))
+        for step in steps:
+            try:
+                out = step(s)
+            except _NotExact:
+                continue
+            if out is not s:
+                return self.node(out, depth + 1, self.keep) if depth < 8 else out
+        return s
+
+    # -- steps (each returns the rewritten schema or raises _NotExact) -----------------------
+    def _drop_false_branches(self, s: dict[str, Any]) -> Any:
+        for key in ("anyOf", "oneOf"):
+            if isinstance(s.get(key), list):
+                branches = [b for b in s[key] if b is not False]
+                if not branches:
+                    return False
+                if len(branches) == 1:
+                    rest = {k: v for k, v in s.items() if k != key}
+                    return {**rest, "allOf": [*rest.get("allOf", []), branches[0]]}
+                s[key] = branches
+        return s
+
+    def _merge_all_of(self, s: dict[str, Any]) -> Any:
+        parts = s.get("allOf")
+        if not isinstance(parts, list):
+            return s
+        rest = {k: v for k, v in s.items() if k != "allOf"}
+        out: Any = rest
+        left = []
+        for part in parts:
+            try:
+                out = merge(out, part, self.inline, host=True)
+            except _NotExact:
+                left.append(part)
+            if out is False:
+                return False
+        if not isinstance(out, dict):
+            return out
+        if left:
+            out["allOf"] = left
+            if len(left) == len(parts):
+                return s
+        return out
+
+    def _merge_ref(self, s: dict[str, Any]) -> Any:
+        ref = s.get("$ref")
+        if not isinstance(ref, str) or not set(s) - _ANNOTATIONS - {"$ref"}:
+            return s
+        target = self.inline(ref)
+        rest = {k: v for k, v in s.items() if k != "$ref"}
+        return merge(rest, target, self.inline, host=True)
+
+    def _not(self, s: dict[str, Any]) -> Any:
+        if "not" not in s:
+            return s
+        negated = negate(s["not"], self.inline)
+        rest = {k: v for k, v in s.items() if k != "not"}
+        return merge(rest, negated, self.inline)
+
+    def _if_then_else(self, s: dict[str, Any]) -> Any:
+        if "if" not in s:
+            for key in ("then", "else"):
+                s.pop(key, None)  # ignored without "if"
+            return s
+        cond = s["if"]
+        then = s.get("then", True)
+        other = s.get("else", True)
+        rest = {k: v for k, v in s.items() if k not in ("if", "then", "else")}
+        if then is True:  # (if and true) or (not if and else) = if or else
+            either: Any = True if other is True else {"anyOf": [cond, other]}
+        else:
+            yes = merge(cond, then, self.inline)
+            no = negate(cond, self.inline)
+            if other is not True:
+                no = merge(no, other, self.inline)
+            branches = [b for b in (yes, no) if b is not False]
+            either = {"anyOf": branches} if branches else False
+        return merge(rest, either, self.inline)
+
+    def _dependent(self, s: dict[str, Any]) -> Any:
+        out: Any = s
+        for key in ("dependentRequired", "dependentSchemas"):
+            deps = s.get(key)
+            if not isinstance(deps, Mapping):
+                continue
+            rest = {k: v for k, v in out.items() if k != key}
+            for name, need in deps.items():
+                absent = {"properties": {name: False}}
+                present: Any = ({"required": [name, *need]} if key == "dependentRequired"
+                                else merge({"required": [name]}, need, self.inline))
+                rest = merge(rest, {"anyOf": [absent, present]}, self.inline)
+                if not isinstance(rest, dict):
+                    return rest
+            out = rest
+        return out
+
+    def _unevaluated(self, s: dict[str, Any]) -> Any:
+        # `not` evaluates nothing, so it may stay beside (and be lowered afterwards).
+        applicators = {"allOf", "anyOf", "oneOf", "$ref", "if", "then", "else",
+                       "dependentSchemas", "$dynamicRef"}
+        if "unevaluatedProperties" in s:
+            if applicators & set(s):
+                raise _NotExact("applicators beside unevaluatedProperties")
+            u = s.pop("unevaluatedProperties")
+            if "additionalProperties" not in s:
+                s["additionalProperties"] = u
+        if "unevaluatedItems" in s:
+            if applicators & set(s) or "contains" in s:
+                raise _NotExact("applicators beside unevaluatedItems")
+            u = s.pop("unevaluatedItems")
+            if "items" not in s:
+                s["items"] = u
+        return s
+
+    def _split_types(self, s: dict[str, Any]) -> Any:
+        """A schema without ``type`` whose keywords constrain some instance types: one
+        ``anyOf`` branch per type (the other types pass unconstrained)."""
+        if "type" in s or "enum" in s or "const" in s:
+            return s
+        families = {_FAMILY[k] for k in s if k in _FAMILY}
+        if not families or set(s) - _ANNOTATIONS - set(_FAMILY) - {"$defs"}:
+            return s
+        free = [t for t in _TYPES if t not in families and not (
+            t == "integer" and "number" in families)]
+        branches: list[Any] = []
+        if free:
+            branches.append({"type": free if len(free) > 1 else free[0]})
+        for fam in sorted(families):
+            branches.append({"type": fam, **{k: v for k, v in s.items() if _FAMILY.get(k) == fam}})
+        keep = {k: v for k, v in s.items() if k in _ANNOTATIONS or k == "$defs"}
+        return {**keep, "anyOf": branches}
+
+    def _one_of_by_type(self, s: dict[str, Any]) -> Any:
+        """A ``oneOf`` whose branches may overlap, taken one instance type at a time: on a
+        type where the branches left are disjoint it stays; where two or more branches
+        accept every value of the type, no value of it is valid; otherwise not exact."""
+        branches = s.get("oneOf")
+        if not isinstance(branches, list) or len(branches) < 2 or (
+                set(s) - _ANNOTATIONS - {"oneOf", "$defs"}):
+            return s
+        if _pairwise_disjoint(branches, self.defs):
+            return s
+        parts = []
+        for t in _TYPES:
+            live = [m for m in (_only_type(merge(b, {"type": t}, self.inline), t)
+                                for b in branches) if m is not False]
+            if len(live) == 1:
+                parts.append(live[0])
+            elif len(live) > 1:
+                if _pairwise_disjoint(live, self.defs):
+                    parts.append({"oneOf": live})
+                elif sum(set(m) - _ANNOTATIONS == {"type"} and m["type"] == t
+                         for m in live) < 2:
+                    raise _NotExact(f"oneOf branches overlap on {t}")
+        keep = {k: v for k, v in s.items() if k != "oneOf"}
+        if not parts:
+            return False
+        return {**keep, "anyOf": parts} if len(parts) > 1 else merge(keep, parts[0],
+                                                                       self.inline)
+
+    def _distribute(self, s: dict[str, Any]) -> Any:
+        """``anyOf``/``oneOf`` beside other keywords: the keywords merged into each branch
+        (conjunction distributes over both; a branch that becomes ``false`` is dropped)."""
+        for key in ("anyOf", "oneOf"):
+            branches = s.get(key)
+            if not isinstance(branches, list):
+                continue
+            rest = {k: v for k, v in s.items() if k != key}
+            if not set(rest) - _ANNOTATIONS - {"$defs"}:
+                continue
+            if len(branches) > MAX_BRANCHES:
+                raise _NotExact("too many branches")
+            keep = {k: v for k, v in rest.items() if k in _ANNOTATIONS or k == "$defs"}
+            body = {k: v for k, v in rest.items() if k not in keep}
+            merged = [merge(body, b, self.inline) for b in branches]
+            return {**keep, key: merged}
+        return s
+
+
+def _map_bottom_up(s: Any, fn: Any) -> Any:
+    if not isinstance(s, dict):
+        return s
+    for key in _SUB:
+        if key in s and isinstance(s[key], (Mapping, bool)):
+            s[key] = _map_bottom_up(s[key], fn)
+    for key in _MAPS:
+        if isinstance(s.get(key), Mapping):
+            s[key] = {k: _map_bottom_up(v, fn) for k, v in s[key].items()}
+    for key in (*_LISTS, "items"):
+        if isinstance(s.get(key), list):
+            s[key] = [_map_bottom_up(v, fn) for v in s[key]]
+    return fn(s)
+
+
+# -- merge (conjunction) and negation --------------------------------------------------------
+def _types(s: Mapping[str, Any]) -> set[str] | None:
+    t = s.get("type")
+    if t is None:
+        return None
+    ts = {t} if isinstance(t, str) else set(t)
+    return ts
+
+
+def _type_list(ts: set[str]) -> Any:
+    order = [t for t in ("null", "boolean", "object", "array", "string", "number", "integer")
+             if t in ts]
+    return order[0] if len(order) == 1 else order
+
+
+def _meet_types(a: set[str], b: set[str]) -> set[str]:
+    out = a & b
+    if "integer" in a and "number" in b or "number" in a and "integer" in b:
+        out.add("integer")
+    if "integer" in out and "number" in out:
+        out.discard("integer")
+    return out
+
+
+def _key(v: Any) -> str:
+    """Identity of a JSON value as JSON Schema compares them (1 == 1.0, True != 1)."""
+    def norm(x: Any) -> Any:
+        if isinstance(x, bool) or x is None or isinstance(x, str):
+            return x
+        if isinstance(x, float) and x.is_integer():
+            return int(x)
+        if isinstance(x, list):
+            return [norm(i) for i in x]
+        if isinstance(x, dict):
+            return {k: norm(i) for k, i in x.items()}
+        return x
+    return json.dumps(norm(v), sort_keys=True)
+
+
+def _has_type(v: Any, types: set[str]) -> bool:
+    if isinstance(v, bool):
+        return "boolean" in types
+    if v is None:
+        return "null" in types
+    if isinstance(v, (int, float)):
+        return "number" in types or ("integer" in types and float(v).is_integer())
+    if isinstance(v, str):
+        return "string" in types
+    if isinstance(v, list):
+        return "array" in types
+    return "object" in types
+
+
+_MAX = ("maximum", "maxLength", "maxItems", "maxProperties", "maxContains")
+_MIN = ("minimum", "minLength", "minItems", "minProperties", "minContains")
+
+
+def merge(a: Any, b: Any, inline: Any, *, host: bool = False) -> Any:
+    """The conjunction of schemas ``a`` and ``b`` as one schema; raises _NotExact where it
+    cannot be written keyword by keyword. ``host``: ``b`` is an in-place applicator of ``a``
+    (an ``allOf`` branch, a ``$ref`` target), so ``a``'s ``unevaluated*`` keywords see what
+    ``b`` evaluates and may stay."""
+    for side in ((b,) if host else (a, b)):
+        if isinstance(side, Mapping) and ("unevaluatedProperties" in side
+                                          or "unevaluatedItems" in side):
+            raise _NotExact("unevaluated* would see other keywords")
+    if a is True or a == {}:
+        return copy.deepcopy(b)
+    if b is True or b == {}:
+        return copy.deepcopy(a)
+    if a is False or b is False:
+        return False
+    if not isinstance(a, Mapping) or not isinstance(b, Mapping):
+        raise _NotExact("not a schema")
+    a, b = copy.deepcopy(dict(a)), copy.deepcopy(dict(b))
+    if "$ref" in a:
+        return merge(merge(a, inline(a.pop("$ref")), inline), b, inline)
+    if "$ref" in b:
+        return merge(a, merge(b, inline(b.pop("$ref")), inline), inline)
+    if a.get("allOf") or b.get("allOf"):
+        raise _NotExact("nested allOf")
+    for one, other in ((a, b), (b, a)):
+        if one.get("patternProperties") and other.get("additionalProperties", True) is not True \
+                and _key(one["patternProperties"]) != _key(other.get("patternProperties")):
+            raise _NotExact("patternProperties beside the other side's additionalProperties")
+    out: dict[str, Any] = {}
+    keys = list(a) + [k for k in b if k not in a]
+    for k in keys:
+        if k not in b:
+            out[k] = a[k]
+        elif k not in a:
+            out[k] = b[k]
+        else:
+            out[k] = _merge_key(k, a, b, inline)
+    # Properties one side declares are constrained on the other side by its
+    # patternProperties / additionalProperties.
+    for one, other in ((a, b), (b, a)):
+        mine = one.get("properties") or {}
+        theirs = other.get("properties") or {}
+        for name in mine:
+            if name in theirs:
+                continue
+            if other.get("patternProperties"):
+                raise _NotExact("patternProperties beside properties of the other side")
+            extra = other.get("additionalProperties", True)
+            if extra is not True:
+                out["properties"][name] = merge(out["properties"][name], extra, inline)
+    for one, other in ((a, b), (b, a)):
+        if isinstance(one.get("prefixItems"), list):
+            theirs_n = len(other.get("prefixItems") or [])
+            if theirs_n < len(one["prefixItems"]) and other.get("items", True) is not True:
+                # positions past the other's prefix are constrained by its items
+                for i in range(theirs_n, len(one["prefixItems"])):
+                    out["prefixItems"][i] = merge(out["prefixItems"][i], other["items"], inline)
+    if out.get("enum") == []:
+        return False
+    if "type" in out:
+        types = _types(out) or set()
+        if not types:
+            return False
+        for key in ("enum", "const"):
+            if key in out:
+                values = out[key] if key == "enum" else [out[key]]
+                if not any(_has_type(v, types) for v in values):
+                    return False
+    return out
+
+
+def _merge_key(k: str, a: Mapping[str, Any], b: Mapping[str, Any], inline: Any) -> Any:
+    x, y = a[k], b[k]
+    if k in _ANNOTATIONS or k == "$defs":
+        return x
+    if _key(x) == _key(y) and k not in ("properties", "prefixItems"):
+        return x
+    if k == "type":
+        ts = _meet_types(_types(a) or set(), _types(b) or set())
+        return _type_list(ts) if ts else []
+    if k in _MAX:
+        return min(x, y)
+    if k in _MIN:
+        return max(x, y)
+    if k == "exclusiveMaximum":
+        return min(x, y)
+    if k == "exclusiveMinimum":
+        return max(x, y)
+    if k == "required":
+        return list(dict.fromkeys([*x, *y]))
+    if k == "enum":
+        keys = {_key(v) for v in y}
+        return [v for v in x if _key(v) in keys]
+    if k == "const":
+        raise _NotExact("two different consts")  # equal consts returned above
+    if k == "uniqueItems":
+        return bool(x or y)
+    if k == "multipleOf" and isinstance(x, int) and isinstance(y, int):
+        return x * y // math.gcd(x, y)
+    if k == "properties":
+        out = dict(x)
+        for name, sub in y.items():
+            out[name] = merge(out[name], sub, inline) if name in out else sub
+        return out
+    if k in ("additionalProperties", "items", "propertyNames"):
+        if isinstance(x, list) or isinstance(y, list):
+            raise _NotExact("draft-4 items")
+        return merge(x, y, inline)
+    if k in ("anyOf", "oneOf"):
+        # (x1 or x2) and (y1 or y2) = (x1 and y1) or (x1 and y2) or ...; for oneOf the
+        # pairs valid number count_x * count_y, which is 1 exactly when both counts are.
+        if len(x) * len(y) > MAX_BRANCHES:
+            raise _NotExact("too many branches")
+        pairs = [merge(bx, by, inline) for bx in x for by in y]
+        return [p for p in pairs if p is not False] or [False]
+    if k == "prefixItems":
+        n = max(len(x), len(y))
+        return [merge(x[i] if i < len(x) else True, y[i] if i < len(y) else True, inline)
+                for i in range(n)]
+    if k == "dependentRequired":
+        out = {n: list(v) for n, v in x.items()}
+        for n, v in y.items():
+            out[n] = list(dict.fromkeys([*out.get(n, []), *v]))
+        return out
+    raise _NotExact(f"{k} on both sides")
+
+
+_NEG_BOUND = {"minimum": ("exclusiveMaximum", "number"), "maximum": ("exclusiveMinimum", "number"),
+              "exclusiveMinimum": ("maximum", "number"), "exclusiveMaximum": ("minimum", "number")}
+_NEG_COUNT = {"minLength": ("maxLength", "string", -1), "maxLength": ("minLength", "string", 1),
+              "minItems": ("maxItems", "array", -1), "maxItems": ("minItems", "array", 1),
+              "minProperties": ("maxProperties", "object", -1),
+              "maxProperties": ("minProperties", "object", 1)}
+
+
+def negate(s: Any, inline: Any) -> Any:
+    """A schema accepting exactly the instances ``s`` rejects; raises _NotExact for forms
+    without a keyword-level complement."""
+    if s is True or s == {}:
+        return False
+    if s is False:
+        return True
+    if not isinstance(s, Mapping):
+        raise _NotExact("not a schema")
+    s = {k: v for k, v in s.items() if k not in _ANNOTATIONS and k != "$defs"}
+    if "$ref" in s:
+        target = inline(s.pop("$ref"))
+        return negate(merge(s, target, inline), inline)
+    parts: list[Any] = []  # the instance is rejected iff one of these holds
+    for k, v in s.items():
+        if k == "type":
+            ts = _types(s) or set()
+            if "integer" in ts and "number" not in ts:
+                raise _NotExact("not integer")
+            rest = [t for t in _TYPES if t not in ts and not (t == "number" and "integer" in ts)]
+            parts.append({"type": _type_list(set(rest))} if rest else False)
+        elif k in _NEG_BOUND:
+            other, fam = _NEG_BOUND[k]  # other types satisfy the bound vacuously
+            parts.append({"type": fam, other: v})
+        elif k in _NEG_COUNT:
+            other, fam, step = _NEG_COUNT[k]
+            if v + step >= 0:  # (minLength: 0 always holds)
+                parts.append({"type": fam, other: v + step})
+        elif k == "required":
+            parts += [{"type": "object", "properties": {name: False}} for name in v]
+        elif k in ("enum", "const"):
+            values = v if k == "enum" else [v]
+            kinds = {"null" if x is None else "boolean" if isinstance(x, bool) else "other"
+                     for x in values}
+            if "other" in kinds:
+                raise _NotExact("complement of an enum of strings, numbers or containers")
+            left = [x for x in (None, True, False) if _key(x) not in {_key(y) for y in values}]
+            parts.append({"type": ["object", "array", "string", "number"]})
+            if left:
+                parts.append({"enum": left})
+        elif k == "properties":
+            for name, sub in v.items():
+                neg = negate(sub, inline)
+                if neg is not False:
+                    parts.append({"type": "object", "required": [name],
+                                  "properties": {name: neg}})
+        elif k == "not":
+            parts.append(v)
+        elif k == "anyOf":
+            acc: Any = True
+            for b in v:
+                acc = merge(acc, negate(b, inline), inline)
+            parts.append(acc)
+        else:
+            raise _NotExact(f"not of {k}")
+    parts = [p for p in parts if p is not False]
+    if not parts:
+        return False
+    return parts[0] if len(parts) == 1 else {"anyOf": parts}
+
+
+# -- soundness checks ------------------------------------------------------------------------
+def _value_types(s: Mapping[str, Any]) -> set[str] | None:
+    """The instance types ``s`` can accept (number split into integer and fraction)."""
+    out: set[str] | None = None
+    ts = _types(s)
+    if ts is not None:
+        out = set()
+        for t in ts:
+            out |= {"integer", "fraction"} if t == "number" else {t}
+    values = s["enum"] if isinstance(s.get("enum"), list) else (
+        [s["const"]] if "const" in s else None)
+    if values is not None:
+        vt: set[str] = set()
+        for v in values:
+            if isinstance(v, bool):
+                vt.add("boolean")
+            elif v is None:
+                vt.add("null")
+            elif isinstance(v, (int, float)):
+                vt.add("integer" if float(v).is_integer() else "fraction")
+            elif isinstance(v, str):
+                vt.add("string")
+            elif isinstance(v, list):
+                vt.add("array")
+            else:
+                vt.add("object")
+        out = vt if out is None else out & vt
+    return out
+
+
+def _values(s: Mapping[str, Any]) -> set[str] | None:
+    if isinstance(s.get("enum"), list):
+        return {_key(v) for v in s["enum"]}
+    if "const" in s:
+        return {_key(s["const"])}
+    return None
+
+
+def disjoint(a: Any, b: Any, defs: Mapping[str, Any], depth: int = 0) -> bool:
+    """True when no instance can satisfy both ``a`` and ``b`` (a sufficient test)."""
+    if a is False or b is False:
+        return True
+    if not isinstance(a, Mapping) or not isinstance(b, Mapping) or depth > 8:
+        return False
+    a, b = _deref(a, defs), _deref(b, defs)
+    if a is None or b is None:
+        return False
+    ta, tb = _value_types(a), _value_types(b)
+    common = (ta if ta is not None else {"null", "boolean", "object", "array", "string",
+                                          "integer", "fraction"})
+    if tb is not None:
+        common = common & tb
+    if not common:
+        return True
+    va, vb = _values(a), _values(b)
+    if va is not None and vb is not None and not va & vb:
+        return True
+    if common == {"object"}:
+        pa, pb = a.get("properties") or {}, b.get("properties") or {}
+        req = set(a.get("required") or []) & set(b.get("required") or [])
+        if any(p in pa and p in pb and disjoint(pa[p], pb[p], defs, depth + 1) for p in req):
+            return True
+        # A property one side requires and the other forbids.
+        for one, other, props in ((a, b, pb), (b, a, pa)):
+            closed = other.get("additionalProperties") is False and not other.get(
+                "patternProperties")
+            if any(props.get(p) is False or (closed and p not in props)
+                   for p in one.get("required") or []):
+                return True
+    return False
+
+
+def _deref(s: Mapping[str, Any], defs: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for _ in range(8):
+        ref = s.get("$ref")
+        if not isinstance(ref, str):
+            return s
+        if len(s) > 1 or not ref.startswith("#/$defs/"):
+            return None
+        target = defs.get(ref[len("#/$defs/"):])
+        if not isinstance(target, Mapping):
+            return None
+        s = target
+    return None
+
+
+def _only_type(s: Any, t: str) -> Any:
+    """``s`` restricted to instances of type ``t``, without the keywords of other types
+    (they hold vacuously there)."""
+    if not isinstance(s, dict):
+        return s
+    fam = "number" if t == "integer" else t
+    return {k: v for k, v in s.items() if _FAMILY.get(k, fam) == fam}
+
+
+def _pairwise_disjoint(branches: list[Any], defs: Mapping[str, Any]) -> bool:
+    return all(disjoint(branches[i], branches[j], defs)
+               for i in range(len(branches)) for j in range(i + 1, len(branches)))
+
+
+def unsound(schema: Any) -> list[str]:
+    """Why neither engine would read ``schema`` (a lowered schema) as JSON Schema does:
+    ``"<pointer>: <reason>"`` lines, empty when both can.
+
+    - ``oneOf`` whose branches may overlap: both engines read it as ``anyOf``
+      (JSON Schema Test Suite ``oneOf.json`` groups 0, 1, 2, 4, 6, 7, 8, 9);
+    - ``$dynamicRef``/``$dynamicAnchor`` (``dynamicRef.json`` group 2: a ``$ref`` to a
+      ``$dynamicAnchor``, which the lowering resolves where no ``$dynamicRef`` exists);
+    - a ``$ref`` left unresolved that is not a JSON pointer (``anchor.json`` group 0).
+    """
+    found = []
+    defs = schema.get("$defs") if isinstance(schema, Mapping) else None
+    defs = defs if isinstance(defs, Mapping) else {}
+    for pointer, node in _walk(schema):
+        if not isinstance(node, Mapping):
+            continue
+        where = pointer or "/"
+        branches = node.get("oneOf")
+        if isinstance(branches, list):
+            context = {k: node[k] for k in ("type",) if k in node}
+            live = [merge_type(b, context) for b in branches]
+            for i in range(len(live)):
+                for j in range(i + 1, len(live)):
+                    if not disjoint(live[i], live[j], defs):
+                        found.append(f"{where}: oneOf branches {i} and {j} may overlap (read "
+                                     "as anyOf: an instance matching both would be accepted)")
+                        break
+                else:
+                    continue
+                break
+        for key in ("$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor"):
+            if key in node:
+                found.append(f"{where}: {key} is not enforced (dynamic scope)")
+        ref = node.get("$ref")
+        if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")):
+            found.append(f"{where}: $ref {ref[:60]!r} was not resolved")
+    return found
+
+
+def merge_type(branch: Any, context: Mapping[str, Any]) -> Any:
+    """``branch`` with the parent's ``type`` added (for the disjointness test)."""
+    if not context or not isinstance(branch, Mapping):
+        return branch
+    try:
+        return merge(dict(branch), dict(context), _no_inline)
+    except _NotExact:
+        return branch
+
+
+def _no_inline(ref: str) -> Any:
+    raise _NotExact(f"$ref {ref} not inlined")
+
+
+def xgrammar_escapes(schema: Any) -> list[str]:
+    """Property names xgrammar 0.2.8 mis-escapes (``"``, ``\\``, control characters): it
+    then accepts a value of any type under them (``properties.json`` group 3)."""
+    found = []
+    for pointer, node in _walk(schema):
+        if not isinstance(node, Mapping):
+            continue
+        names: list[Any] = []
+        for key in ("properties", "patternProperties", "dependentSchemas",
+                    "dependentRequired"):
+            if isinstance(node.get(key), Mapping):
+                names += list(node[key])
+        if isinstance(node.get("required"), list):
+            names += node["required"]
+        for name in names:
+            if isinstance(name, str) and json.dumps(name, ensure_ascii=False)[1:-1] != name:
+                found.append(f"{pointer or '/'}: property name {name[:30]!r} needs escaping "
+                             "in JSON, which xgrammar mis-handles")
+    return found

@@ -1,0 +1,286 @@
+"""The lowering is exact: for a schema S and its lowered form S' (runtime/json_lowering.py),
+the ``jsonschema`` validator (the independent oracle) decides every instance the same way.
+
+Checked on the JSON Schema Test Suite's schemas and instances, and by hypothesis on random
+schemas built from the keywords the lowering rewrites, against random instances drawn from a
+small vocabulary (so that properties, bounds and constants collide often).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from portable_guided.runtime.json_lowering import lower, unsound
+
+jsonschema = pytest.importorskip("jsonschema")
+hypothesis = pytest.importorskip("hypothesis")
+st = pytest.importorskip("hypothesis.strategies")
+from hypothesis import HealthCheck, given, settings
+
+SUITE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / \
+    "json-schema-test-suite" / "draft2020-12"
+
+
+def _valid(schema, instance) -> bool:
+    return jsonschema.Draft202012Validator(schema).is_valid(instance)
+
+
+def _suite_groups():
+    if not SUITE.is_dir():
+        return []
+    out = []
+    for path in sorted(SUITE.glob("*.json")):
+        for i, group in enumerate(json.loads(path.read_text(encoding="utf-8"))):
+            text = json.dumps(group["schema"])
+            # Remote references would be fetched by the validator: not local, not lowered.
+            if "localhost:1234" in text or path.name in ("refRemote.json", "vocabulary.json"):
+                continue
+            out.append(pytest.param(group, id=f"{path.stem}-{i}"))
+    return out
+
+
+@pytest.mark.skipif(not SUITE.is_dir(), reason=f"JSON Schema Test Suite not at {SUITE}")
+@pytest.mark.parametrize("group", _suite_groups())
+def test_lowering_keeps_the_suite_decisions(group):
+    import re
+
+    lowered = lower(group["schema"])
+    try:
+        _valid(group["schema"], group["tests"][0]["data"])
+    except re.error as exc:  # a pattern Python's re cannot read (\p{...})
+        pytest.skip(f"the validator cannot read a pattern: {exc}")
+    for test in group["tests"]:
+        assert _valid(lowered, test["data"]) == test["valid"], (test, lowered)
+
+
+# -- random schemas and instances ------------------------------------------------------------
+NAMES = ["a", "b", "c"]
+SCALARS = [None, True, False, 0, 1, 2, -1, 1.5, "", "a", "ab", "abc"]
+
+instances = st.recursive(
+    st.sampled_from(SCALARS),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.sampled_from([*NAMES, "d"]), inner, max_size=3)),
+    max_leaves=6,
+)
+
+TYPES = ["null", "boolean", "object", "array", "string", "number", "integer"]
+
+
+def _leaf_keywords():
+    return st.one_of(
+        st.builds(lambda t: {"type": t}, st.sampled_from(TYPES)),
+        st.builds(lambda t: {"type": t}, st.lists(st.sampled_from(TYPES), min_size=1,
+                                                  max_size=3, unique=True)),
+        st.builds(lambda k, v: {k: v}, st.sampled_from(
+            ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]),
+            st.sampled_from([0, 1, 1.5])),
+        st.builds(lambda k, v: {k: v}, st.sampled_from(
+            ["minLength", "maxLength", "minItems", "maxItems", "minProperties",
+             "maxProperties"]), st.integers(0, 2)),
+        st.builds(lambda r: {"required": r}, st.lists(st.sampled_from(NAMES), min_size=1,
+                                                      max_size=2, unique=True)),
+        st.builds(lambda v: {"const": v}, st.sampled_from(SCALARS)),
+        st.builds(lambda v: {"enum": v}, st.lists(st.sampled_from(SCALARS), min_size=1,
+                                                  max_size=3)),
+        st.builds(lambda d: {"dependentRequired": d}, st.dictionaries(
+            st.sampled_from(NAMES), st.lists(st.sampled_from(NAMES), max_size=2, unique=True),
+            min_size=1, max_size=2)),
+        st.just({"uniqueItems": True}),
+        st.builds(lambda m: {"multipleOf": m}, st.sampled_from([2, 3])),
+    )
+
+
+def _schemas():
+    def extend(inner):
+        sub = st.one_of(inner, st.booleans())
+        return st.one_of(
+            st.builds(lambda p, ap: {"properties": p, **ap},
+                      st.dictionaries(st.sampled_from(NAMES), sub, min_size=1, max_size=2),
+                      st.one_of(st.just({}), st.builds(lambda s: {"additionalProperties": s},
+                                                       sub))),
+            st.builds(lambda p, u: {"properties": p, "unevaluatedProperties": u},
+                      st.dictionaries(st.sampled_from(NAMES), sub, max_size=2), sub),
+            st.builds(lambda i: {"items": i}, sub),
+            st.builds(lambda p, i: {"prefixItems": p, **i}, st.lists(sub, min_size=1,
+                                                                     max_size=2),
+                      st.one_of(st.just({}), st.builds(lambda s: {"items": s}, sub),
+                                st.builds(lambda s: {"unevaluatedItems": s}, sub))),
+            st.builds(lambda k, bs: {k: bs}, st.sampled_from(["allOf", "anyOf", "oneOf"]),
+                      st.lists(sub, min_size=1, max_size=3)),
+            st.builds(lambda s: {"not": s}, sub),
+            st.builds(lambda i, t, e: {"if": i, **t, **e}, sub,
+                      st.one_of(st.just({}), st.builds(lambda s: {"then": s}, sub)),
+                      st.one_of(st.just({}), st.builds(lambda s: {"else": s}, sub))),
+            st.builds(lambda d: {"dependentSchemas": d},
+                      st.dictionaries(st.sampled_from(NAMES), sub, min_size=1, max_size=2)),
+            st.builds(lambda a, b: {**a, **b}, inner, inner),
+        )
+    # "#/$defs/x" leaves; the test puts a random schema at /$defs/x of the root.
+    leaves = st.one_of(_leaf_keywords(), st.just({"$ref": "#/$defs/x"}))
+    return st.recursive(leaves, extend, max_leaves=6)
+
+
+def _rooted(schema, target):
+    if not isinstance(schema, dict):
+        return schema
+    return {**schema, "$defs": {"x": target}}
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_schemas(), _schemas(), st.lists(instances, min_size=8, max_size=8))
+def test_lowering_is_exact_on_random_schemas(schema, target, xs):
+    schema = _rooted(schema, target)
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError:
+        return
+    expected = _decisions(schema, xs)
+    if expected is None:
+        return
+    lowered = lower(schema)
+    got = _decisions(lowered, xs)
+    assert got in (expected, None), (schema, lowered, xs)
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_schemas(), _schemas(), st.lists(instances, min_size=6, max_size=6))
+def test_one_of_kept_only_where_branches_are_disjoint(schema, target, xs):
+    """Where :func:`unsound` passes a lowered ``oneOf``, reading it as ``anyOf`` (what the
+    engines do) decides every instance as JSON Schema does."""
+    schema = _rooted(schema, target)
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError:
+        return
+    expected = _decisions(schema, xs)
+    if expected is None:
+        return
+    lowered = lower(schema)
+    if unsound(lowered):
+        return
+    as_any = json.loads(json.dumps(lowered).replace('"oneOf"', '"anyOf"'))
+    assert [_valid(as_any, x) for x in xs] == expected, (schema, lowered, xs)
+
+
+def _decisions(schema, xs):
+    """The validator's decisions, None where it cannot decide (a $ref cycle that consumes
+    no input recurses forever; whether the validator meets it depends on the order in which
+    it checks keywords)."""
+    try:
+        return [_valid(schema, x) for x in xs]
+    except RecursionError:
+        return None
+    except BaseException as exc:  # the validator's Rust registry panics past some depth
+        if type(exc).__name__ != "PanicException":
+            raise
+        return None
+
+
+# -- templates: each rewrite on flat operands (random nesting reaches them rarely) -----------
+CONCRETE = [
+    {"type": "integer"}, {"type": "number"}, {"type": "string"}, {"type": "object"},
+    {"type": "array"}, {"type": ["string", "null"]}, {"minimum": 0}, {"minimum": 1},
+    {"maximum": 1}, {"exclusiveMinimum": 0}, {"exclusiveMaximum": 1.5}, {"minLength": 1},
+    {"maxLength": 1}, {"minItems": 1}, {"maxItems": 1}, {"minProperties": 1},
+    {"maxProperties": 1}, {"required": ["a"]}, {"required": ["b"]}, {"const": 1},
+    {"const": "a"}, {"enum": [None, True]}, {"enum": ["a", 1]}, {"multipleOf": 2},
+    {"dependentRequired": {"a": ["b"]}},
+]
+
+
+def _flat(r):
+    """One to three keywords together (from a small pool, so that they collide), or a
+    properties / prefixItems map of them."""
+    def leaf():
+        out = {}
+        for _ in range(r.randint(1, 3)):
+            out.update(r.choice(CONCRETE))
+        return out
+
+    def sub():
+        return r.choice([True, False, leaf(), leaf(), leaf()])
+
+    kind = r.randrange(5)
+    if kind == 0:
+        out = {"properties": {n: sub() for n in r.sample(NAMES, r.randint(1, 2))}}
+        if r.random() < 0.4:
+            out["additionalProperties"] = sub()
+        return out
+    if kind == 1:
+        out = {"prefixItems": [sub() for _ in range(r.randint(1, 2))]}
+        if r.random() < 0.4:
+            out["items"] = sub()
+        return out
+    if kind == 2:
+        return {**leaf(), "properties": {r.choice(NAMES): sub()}}
+    return leaf()
+
+
+def _template(r):
+    """A schema exercising one rewrite on flat operands."""
+    f = lambda: _flat(r)
+    kind = r.randrange(13)
+    if kind == 12:  # oneOf with a discriminator property (or not quite one)
+        return {"oneOf": [{**r.choice([{}, r.choice(CONCRETE)]),
+                           "properties": {"a": r.choice([{"const": v}, {"enum": [v, "x"]}])},
+                           **r.choice([{"required": ["a"]}, {}])}
+                          for v in r.sample(["p", "q", 1, None], r.randint(2, 3))]}
+    if kind == 0:
+        return {**f(), "allOf": [f() for _ in range(r.randint(1, 3))]}
+    if kind == 1:
+        return {**f(), "not": f()}
+    if kind == 2:
+        return {**f(), "if": f(), "then": f(), "else": f()}
+    if kind == 3:
+        return {"if": f(), **r.choice([{"then": f()}, {"else": f()}])}
+    if kind in (4, 5):
+        return {**f(), r.choice(["anyOf", "oneOf"]): [f() for _ in range(r.randint(1, 3))]}
+    if kind == 6:
+        return {**f(), "dependentSchemas": {r.choice(NAMES): f()}}
+    if kind == 7:
+        child = r.choice([{**f(), "not": f()}, {"if": f(), "then": f()}, {"if": f()}])
+        return {**f(), r.choice(["not", "if", "then", "allOf"]): child,
+                "unevaluatedProperties": r.choice([True, False, f()])}
+    if kind == 8:
+        return {**f(), "allOf": [f(), f()], "unevaluatedProperties": r.choice([False, f()])}
+    if kind == 9:
+        return {**f(), "allOf": [f()], "unevaluatedItems": r.choice([False, f()])}
+    if kind == 10:
+        return {"$defs": {"x": f()}, "$ref": "#/$defs/x", **f()}
+    return {"allOf": [{"anyOf": [f(), f()]}, {r.choice(["anyOf", "oneOf"]): [f(), f()]}]}
+
+
+def _instance(r, depth=0):
+    kind = r.randrange(6 if depth < 2 else 4)
+    if kind < 4:
+        return r.choice(SCALARS)
+    if kind == 4:
+        return [_instance(r, depth + 1) for _ in range(r.randint(0, 3))]
+    return {n: _instance(r, depth + 1) for n in r.sample([*NAMES, "d"], r.randint(0, 3))}
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_each_rewrite_is_exact(chunk):
+    """3,000 random templates (seeded: a failure names its seed), 12 instances each."""
+    import random
+
+    for seed in range(chunk * 750, (chunk + 1) * 750):
+        r = random.Random(seed)
+        schema, xs = _template(r), [_instance(r) for _ in range(12)]
+        try:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        except jsonschema.SchemaError:
+            continue
+        expected = _decisions(schema, xs)
+        if expected is None:
+            continue
+        lowered = lower(schema)
+        got = _decisions(lowered, xs)
+        assert got in (expected, None), (seed, schema, lowered, xs)
+        if not unsound(lowered):
+            as_any = json.loads(json.dumps(lowered).replace('"oneOf"', '"anyOf"'))
+            assert _decisions(as_any, xs) in (expected, None), (seed, schema, lowered, xs)

