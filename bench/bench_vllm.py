@@ -16,18 +16,29 @@ whole generate call. Then a kernel replay: the bitmasks vLLM produced at the lar
 are applied to fresh logits right after an lm_head-sized matmul, vLLM's apply vs ours,
 buffers rotated beyond the CPU cache.
 
+Both backends run warm: each keeps its own backend object (and so its compile cache and, for
+ours, its started compile workers) across rounds, and round 0 of each batch size warms both.
+Until session 7 every mode switch dropped the backend, so our runtime started its compile
+worker again in every round while vLLM's xgrammar compiles in threads: tokens/s favoured vLLM.
+
+Then the cold start (``--cold``): requests whose schemas neither backend has seen, B at once
+(distinct schemas), time from ``add_request`` to each request's first token, ours vs vLLM's
+xgrammar backend, the order alternating per trial.
+
     python bench/bench_vllm.py --json bench/results/vllm_cpu.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -108,6 +119,94 @@ class StepTimers:
         self.gmr.GPUModelRunner.execute_model = execute
         self.gmr.apply_grammar_bitmask = apply
         self.som.grammar_bitmask = fill
+
+
+class WarmBackends:
+    """Each backend kind (vLLM's own for ``off``/``apply``, ours for ``runtime``) kept across
+    rounds: switching modes parks the active backend instead of destroying it."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.parked: dict[str, Any] = {}
+
+    @contextlib.contextmanager
+    def mode(self, mode: str) -> Iterator[None]:
+        import portable_guided.integrations.vllm as plug
+        from portable_guided.integrations.vllm import backend
+        from tests.vllm_plugin.conftest import manager
+
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        kind = "ours" if mode == "runtime" else "vllm"
+        mgr = manager(self.llm)
+        plug.unpatch()
+        if mode != "off":
+            os.environ[plug.ENV_BACKEND] = "1" if mode == "runtime" else "0"
+            plug.register()
+            if not plug.is_patched():
+                raise RuntimeError("the plugin did not patch vLLM")
+        mgr.backend = self.parked.get(kind)
+        mgr._grammar_bitmask = None
+        try:
+            yield
+            if mode == "runtime" and not isinstance(mgr.backend, backend.PortableGuidedBackend):
+                raise AssertionError(f"vLLM used {type(mgr.backend).__name__}, not ours")
+        finally:
+            self.parked[kind] = mgr.backend
+            mgr.backend = None
+            mgr._grammar_bitmask = None
+            plug.unpatch()
+            os.environ.pop(plug.ENV_BACKEND, None)
+
+    def close(self) -> None:
+        for backend in self.parked.values():
+            if backend is not None:
+                backend.destroy()
+        self.parked.clear()
+
+
+def cold_ttft(llm: Any, warm: WarmBackends, pool: list[dict[str, Any]], batch: int,
+              trials: int) -> dict[str, Any]:
+    """Time to first token of requests whose schemas the backend has never compiled."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    engine = llm.llm_engine
+    per_kind: dict[str, list[float]] = {"vllm": [], "ours": []}
+    walls: dict[str, list[float]] = {"vllm": [], "ours": []}
+    used = 0
+    for trial in range(trials):
+        fresh = pool[used:used + batch]
+        used += batch
+        if len(fresh) < batch:
+            raise ValueError(f"the schema pool ran out: {len(pool)} schemas for "
+                             f"{trials} trials of {batch}")
+        for kind in (("vllm", "ours") if trial % 2 == 0 else ("ours", "vllm")):
+            with warm.mode("runtime" if kind == "ours" else "off"):
+                start = time.perf_counter()
+                first: dict[str, float] = {}
+                ids = []
+                for i, schema in enumerate(fresh):
+                    rid = f"cold{time.monotonic_ns()}-{i}"
+                    ids.append(rid)
+                    engine.add_request(rid, "Return a JSON object:\n", SamplingParams(
+                        temperature=0, max_tokens=2,
+                        structured_outputs=StructuredOutputsParams(json=schema)))
+                while engine.has_unfinished_requests():
+                    for out in engine.step():
+                        if out.outputs and out.outputs[0].token_ids and out.request_id not in first:
+                            first[out.request_id] = time.perf_counter() - start
+                walls[kind].append(time.perf_counter() - start)
+                per_kind[kind].extend(first.get(rid, float("nan")) * 1e3 for rid in ids)
+            print(f"cold B={batch} trial {trial} {kind}: first token median "
+                  f"{statistics.median(per_kind[kind][-batch:]):.0f} ms, last "
+                  f"{max(per_kind[kind][-batch:]):.0f} ms", flush=True)
+    out: dict[str, Any] = {}
+    for kind, values in per_kind.items():
+        out[kind] = {"ttft_ms_p50": statistics.median(values), "ttft_ms_max": max(values),
+                     "batch_wall_ms_p50": statistics.median(walls[kind]) * 1e3}
+    out["ttft_p50_ours_vs_vllm"] = out["ours"]["ttft_ms_p50"] / out["vllm"]["ttft_ms_p50"]
+    return out
 
 
 def run_once(llm: Any, timers: StepTimers, prompts: list[str], params: list[Any]) -> dict:
@@ -206,24 +305,28 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--replay-reps", type=int, default=60)
+    parser.add_argument("--cold", default="1,64",
+                        help="batch sizes of the cold-compile time-to-first-token runs ('' skips)")
+    parser.add_argument("--cold-trials", type=int, default=3)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from tests.vllm_plugin.conftest import ENGINE_ARGS, model_dir, plugin_mode
+    from tests.vllm_plugin.conftest import ENGINE_ARGS, model_dir
 
     engine_args = dict(ENGINE_ARGS, dtype=args.dtype, max_num_seqs=64,
                        kv_cache_memory_bytes=768 << 20, async_scheduling=False)
     llm = LLM(model=model_dir(), **engine_args)
     timers = StepTimers()
+    warm = WarmBackends(llm)
     pool = schemas(16)
     results: dict[str, Any] = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
         "engine_args": {k: v for k, v in engine_args.items()}, "runs": {}}
-    for batch in [int(b) for b in args.batches.split(",")]:
+    for batch in [int(b) for b in args.batches.split(",") if b]:
         prompts = [f"Return a JSON object for this schema: {json.dumps(pool[i % len(pool)])[:200]}\n"
                    for i in range(batch)]
         params = [SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=False,
@@ -233,7 +336,7 @@ def main() -> None:
         for r in range(args.rounds + 1):  # round 0 warms compiles and caches, not reported
             order = MODES[r % 3:] + MODES[: r % 3]
             for mode in order:
-                with plugin_mode(llm, mode):
+                with warm.mode(mode):
                     timers.install()
                     try:
                         res = run_once(llm, timers, prompts, params)
@@ -257,8 +360,22 @@ def main() -> None:
             summary["runtime"]["outside_forward"] / summary["off"]["outside_forward"])
         results["runs"][str(batch)] = summary
         print(json.dumps({str(batch): summary}, indent=1), flush=True)
-    results["kernel_replay"] = kernel_replay(timers.dumps, llm.llm_engine.model_config.get_vocab_size(),
-                                             args.dtype, args.replay_reps)
+    if args.cold:
+        # Schemas never used above (the warm pool is the first 16 small ones).
+        fresh = schemas(16 + 2 * args.cold_trials * max(int(b) for b in args.cold.split(",")))[16:]
+        results["cold"] = {}
+        for batch in [int(b) for b in args.cold.split(",")]:
+            results["cold"][str(batch)] = cold_ttft(llm, warm, fresh, batch, args.cold_trials)
+            fresh = fresh[batch * args.cold_trials:]
+            print(json.dumps({f"cold B={batch}": results["cold"][str(batch)]}, indent=1),
+                  flush=True)
+    warm.close()
+    if not getattr(timers, "dumps", None):
+        results["kernel_replay"] = None
+    else:
+        results["kernel_replay"] = kernel_replay(
+            timers.dumps, llm.llm_engine.model_config.get_vocab_size(), args.dtype,
+            args.replay_reps)
     print(json.dumps(results["kernel_replay"], indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")

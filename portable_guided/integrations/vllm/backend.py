@@ -75,10 +75,17 @@ class PortableGuidedBackend(StructuredOutputBackend):
         info = load_tokenizer_info(self.tokenizer, vocab_size=self.vocab_size)
         engine = os.environ.get("PORTABLE_GUIDED_VLLM_ENGINE", "xgrammar")
         timeout_s = _env_float("PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S", 30.0)
+        # A burst of new schemas (a batch of distinct requests) compiles in parallel, as
+        # vLLM's own backend does in threads: one worker per core, up to 4.
+        workers = int(os.environ.get("PORTABLE_GUIDED_VLLM_COMPILE_WORKERS",
+                                     min(4, os.cpu_count() or 1)))
+        race = os.environ.get("PORTABLE_GUIDED_VLLM_COMPILE_RACE", "0") == "1"
         self.runtime = GrammarRuntime(
             info,
             engine=engine,
             compile_timeout_s=timeout_s,
+            compile_workers=workers,
+            compile_race=race,
             disk_cache_dir=os.environ.get("PORTABLE_GUIDED_VLLM_CACHE_DIR") or None,
         )
         config = self.vllm_config.structured_outputs_config
