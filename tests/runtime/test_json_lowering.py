@@ -8,12 +8,13 @@ small vocabulary (so that properties, bounds and constants collide often).
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import pytest
 
-from portable_guided.runtime.json_lowering import lower, unsound
+from portable_guided.runtime.json_lowering import disjoint, lower, unsound
 
 jsonschema = pytest.importorskip("jsonschema")
 hypothesis = pytest.importorskip("hypothesis")
@@ -284,3 +285,38 @@ def test_each_rewrite_is_exact(chunk):
         if not unsound(lowered):
             as_any = json.loads(json.dumps(lowered).replace('"oneOf"', '"anyOf"'))
             assert _decisions(as_any, xs) in (expected, None), (seed, schema, lowered, xs)
+
+
+# -- the disjointness proof behind every oneOf kept ------------------------------------------
+_ABSENT = object()  # a property left out of a candidate object
+VALUES = [None, 0, 1, "a", True]
+CANDIDATES = [*SCALARS, [], [0], {}] + [
+    {name: value for name, value in zip(NAMES, combo) if value is not _ABSENT}
+    for combo in itertools.product([_ABSENT, *VALUES], repeat=len(NAMES))]
+
+
+def _branch():
+    prop = st.one_of(st.booleans(), st.builds(lambda v: {"const": v}, st.sampled_from(VALUES)),
+                     st.builds(lambda v: {"enum": v}, st.lists(st.sampled_from(VALUES),
+                                                               min_size=1, max_size=2)),
+                     st.builds(lambda t: {"type": t}, st.sampled_from(TYPES)))
+    return st.builds(
+        lambda props, req, closed, typed: {
+            **({"type": "object"} if typed else {}), "properties": props,
+            **({"required": req} if req else {}),
+            **({"additionalProperties": False} if closed else {})},
+        st.dictionaries(st.sampled_from(NAMES), prop, max_size=3),
+        st.lists(st.sampled_from(NAMES), max_size=2, unique=True), st.booleans(),
+        st.booleans()) | _leaf_keywords()
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_branch(), _branch())
+def test_disjoint_is_never_wrong(a, b):
+    """Every pair :func:`disjoint` calls disjoint is: no candidate instance (every object over
+    the property names and values used, and scalars) validates against both. This proof is
+    what lets a ``oneOf`` be read as ``anyOf`` soundly."""
+    if not disjoint(a, b, {}):
+        return
+    both = [x for x in CANDIDATES if _valid(a, x) and _valid(b, x)]
+    assert not both, (a, b, both[:3])
