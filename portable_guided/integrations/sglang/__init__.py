@@ -78,6 +78,9 @@ def register() -> None:
 
         if not apply.TAKEOVERS:
             _register_hooks(version, force=setting == "force")
+        from .backend import register_backend
+
+        register_backend()
 
 
 def is_patched() -> bool:
