@@ -56,8 +56,8 @@ def main() -> None:
     args = parser.parse_args()
 
     import sglang
-    import sglang.srt.plugins as plugins
     import torch
+    from sglang.srt import plugins
     from sglang.srt.constrained.llguidance_backend import GuidanceGrammar
     from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
 
