@@ -1,0 +1,149 @@
+"""SGLang's ``apply_vocab_mask`` functions, served by :func:`portable_guided.apply_token_mask`.
+
+SGLang applies a batch's grammar mask with ``GrammarMask.apply``:
+``grammar.apply_vocab_mask(logits=logits, vocab_mask=mask)`` on one grammar object of the
+batch (a reasoner wrapper hands out its inner grammar's function, or its backend's static
+one). Both xgrammar and llguidance fill int32 bitmask words (token ``t`` allowed when bit
+``t % 32`` of word ``t // 32`` is set, -1 = all allowed): our layout, so each hook is one
+:func:`apply_token_mask` call on the logits' own device and dtype. The two differ only where
+the logits are wider than the mask: xgrammar leaves those columns alone (with a warning),
+llguidance sets them to ``-inf``; each hook keeps its backend's behaviour.
+
+Outlines is left alone: its vocab mask is a bool tensor (True = blocked) that SGLang applies
+with one ``masked_fill_`` on any device already; packing it into bitmask words would cost
+more than that fill.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from ...apply import apply_token_mask
+from ...registry import resolve
+from .guard import Takeover, kind_of
+
+__all__ = ["TAKEOVERS", "apply_llguidance", "apply_xgrammar", "guidance_apply_vocab_mask",
+           "xgrammar_apply_vocab_mask", "xgrammar_static_apply_vocab_mask"]
+
+logger = logging.getLogger("sglang.plugins.portable_guided")
+
+#: Hook name -> its takeover, while installed (set by :func:`..register`).
+TAKEOVERS: dict[str, Takeover] = {}
+_first_apply = threading.Event()
+
+
+def apply_xgrammar(logits: Any, vocab_mask: Any) -> None:
+    """xgrammar's ``apply_token_bitmask_inplace`` semantics (SGLang's xgrammar backend)."""
+    masked = apply_token_mask(logits, vocab_mask)
+    if masked is not logits:  # a platform that is not in place (none built in today)
+        logits.copy_(masked)
+    _log_first(logits)
+
+
+def apply_llguidance(logits: Any, vocab_mask: Any) -> None:
+    """``llguidance.torch.apply_token_bitmask_inplace`` semantics (SGLang's llguidance
+    backend): 1-D inputs are one row, and columns past ``32 * words`` become ``-inf``."""
+    import torch
+
+    if logits.dim() == 1:
+        logits = logits.unsqueeze(0)
+    if vocab_mask.dim() == 1:
+        vocab_mask = vocab_mask.unsqueeze(0)
+    if vocab_mask.dtype != torch.int32:
+        raise TypeError(f"the llguidance vocab mask must be int32, got {vocab_mask.dtype}")
+    if logits.dim() != 2 or logits.shape[0] != vocab_mask.shape[0]:
+        raise ValueError(
+            f"logits of shape {tuple(logits.shape)} and vocab mask of shape "
+            f"{tuple(vocab_mask.shape)}: llguidance needs 2-D logits with one mask row each")
+    cutoff = 32 * int(vocab_mask.shape[1])
+    head = logits[:, :cutoff] if logits.shape[1] > cutoff else logits
+    masked = apply_token_mask(head, vocab_mask)  # checks the input before writing
+    if masked is not head:
+        head.copy_(masked)
+    if head is not logits:
+        logits[:, cutoff:] = float("-inf")
+    _log_first(logits)
+
+
+def xgrammar_cpu_reference(logits: Any, vocab_mask: Any) -> None:
+    """SGLang's CPU path for xgrammar bitmasks (``XGrammarGrammar.apply_vocab_mask`` on a
+    CPU tensor: xgrammar's CPU kernel), on a CPU copy for logits on any device."""
+    from xgrammar import apply_token_bitmask_inplace
+
+    host = logits.detach().to("cpu", copy=True)
+    apply_token_bitmask_inplace(host, vocab_mask.to("cpu"), backend="cpu")
+    logits.copy_(host)
+
+
+def _run(hook: str, logits: Any, vocab_mask: Any, ours: Any, theirs: Any) -> None:
+    takeover = TAKEOVERS.get(hook)
+    if takeover is None:  # restored while this call was on its way: SGLang's own
+        theirs(logits)
+        return
+    canary = takeover.canary
+    if canary is not None:
+        kind = kind_of(logits, vocab_mask)
+        if canary.due(kind):
+            canary.check(logits, kind, lambda out: ours(out, vocab_mask),
+                         lambda out: theirs(out))
+            return
+    ours(logits, vocab_mask)
+
+
+def xgrammar_apply_vocab_mask(self: Any, logits: Any, vocab_mask: Any) -> None:
+    """Replaces ``XGrammarGrammar.apply_vocab_mask`` (sglang 0.5.23)."""
+    def theirs(out: Any) -> None:
+        original = TAKEOVERS["xgrammar"].original if "xgrammar" in TAKEOVERS else None
+        if original is None:
+            xgrammar_cpu_reference(out, vocab_mask)
+        else:
+            original(self, logits=out, vocab_mask=vocab_mask)
+
+    _run("xgrammar", logits, vocab_mask, apply_xgrammar, theirs)
+
+
+def xgrammar_static_apply_vocab_mask(logits: Any, vocab_mask: Any) -> None:
+    """Replaces the static ``XGrammarGrammarBackend.apply_vocab_mask`` (sglang 0.5.23), which
+    SGLang's reasoner uses for rows without a grammar; upstream it raises
+    ``Unsupported device: cpu`` on the CPU, where the canary compares with SGLang's CPU path
+    of the same mask (xgrammar's CPU kernel)."""
+    def theirs(out: Any) -> None:
+        takeover = TAKEOVERS.get("xgrammar_static")
+        if takeover is None or out.device.type == "cpu":
+            xgrammar_cpu_reference(out, vocab_mask)
+        else:
+            takeover.original(logits=out, vocab_mask=vocab_mask)
+
+    _run("xgrammar_static", logits, vocab_mask, apply_xgrammar, theirs)
+
+
+def guidance_apply_vocab_mask(logits: Any, vocab_mask: Any) -> None:
+    """Replaces the static ``GuidanceGrammar.apply_vocab_mask`` (sglang 0.5.23)."""
+    def theirs(out: Any) -> None:
+        takeover = TAKEOVERS.get("llguidance")
+        if takeover is None:
+            from llguidance.torch import apply_token_bitmask_inplace
+
+            apply_token_bitmask_inplace(out, vocab_mask)
+        else:
+            takeover.original(logits=out, vocab_mask=vocab_mask)
+
+    _run("llguidance", logits, vocab_mask, apply_llguidance, theirs)
+
+
+#: Hook name -> (our replacement, whether SGLang's function is a staticmethod).
+HOOKS: dict[str, tuple[Any, bool]] = {
+    "xgrammar": (xgrammar_apply_vocab_mask, False),
+    "xgrammar_static": (xgrammar_static_apply_vocab_mask, True),
+    "llguidance": (guidance_apply_vocab_mask, True),
+}
+
+
+def _log_first(logits: Any) -> None:
+    if not _first_apply.is_set():
+        _first_apply.set()
+        logger.info("portable_guided applied the first grammar vocab mask in this process "
+                    "(pid %d): %s", os.getpid(), resolve(logits))

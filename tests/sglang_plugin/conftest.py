@@ -1,0 +1,18 @@
+"""The sglang-cpu lane: SGLang 0.5.23's grammar modules imported on the CPU (no engine)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("sglang") is None:  # other lanes: nothing here can run
+    collect_ignore_glob = ["test_*.py"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.sglang)
