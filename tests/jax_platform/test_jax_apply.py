@@ -4,6 +4,7 @@ framework."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -154,11 +155,20 @@ def test_bad_input_raises_naming_the_values(kwargs, error, message):
 
 
 def test_multi_device_logits_are_refused_with_the_way_out():
-    if len(jax.devices()) < 2:
-        pytest.skip("one JAX device here (XLA_FLAGS=--xla_force_host_platform_device_count=2 "
-                    "gives two on the CPU)")
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("b",))
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("b"))
-    logits = jax.device_put(jnp.zeros((4, 64)), sharding)
-    with pytest.raises(ValueError, match="mask_logits inside your jit"):
-        pg.apply_token_mask(logits, np.zeros((4, 2), np.int32))
+    """Two CPU devices exist only when XLA is told so before JAX starts: a fresh process."""
+    code = (
+        "import numpy as np, jax, jax.numpy as jnp, portable_guided as pg\n"
+        "mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ('b',))\n"
+        "spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('b'))\n"
+        "logits = jax.device_put(jnp.zeros((4, 64)), spec)\n"
+        "try:\n"
+        "    pg.apply_token_mask(logits, np.zeros((4, 2), np.int32))\n"
+        "except ValueError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "these span 2" in out.stdout and "mask_logits inside your jit" in out.stdout, out.stdout
