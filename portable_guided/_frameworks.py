@@ -45,8 +45,15 @@ def device_type_of(x: Any, framework: str) -> str:
     if framework == "numpy":
         return "cpu"
     if framework == "jax":
+        try:
+            devices = x.devices()
+        except Exception as exc:  # a tracer: its devices are not known while tracing
+            raise TypeError(
+                f"got a traced JAX value ({type(x).__name__}, inside jax.jit?): "
+                "apply_token_mask is eager; call portable_guided.jax.mask_logits inside jit"
+            ) from exc
         # A sharded array spans devices of one backend; any of them names it.
-        return f"jax:{next(iter(x.devices())).platform}"
+        return f"jax:{next(iter(devices)).platform}"
     if framework == "torch":
         # is_cpu first: building a torch.device costs 2-3x more (right after a forward)
         return "cpu" if x.is_cpu else x.device.type

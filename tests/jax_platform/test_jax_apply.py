@@ -154,6 +154,15 @@ def test_bad_input_raises_naming_the_values(kwargs, error, message):
         pg.apply_token_mask(logits, bitmask, **args)
 
 
+def test_inside_jit_the_error_points_at_mask_logits():
+    @jax.jit
+    def step(logits):
+        return pg.apply_token_mask(logits, np.zeros((2, 2), np.int32))
+
+    with pytest.raises(TypeError, match="call portable_guided.jax.mask_logits inside jit"):
+        step(jnp.zeros((2, 64)))
+
+
 def test_multi_device_logits_are_refused_with_the_way_out():
     """Two CPU devices exist only when XLA is told so before JAX starts: a fresh process."""
     code = (
