@@ -24,7 +24,8 @@ HOOKS: Mapping[str, str] = {
     "flush": "flush(tensor): start the work a lazy device has recorded (an XLA graph) without "
              "waiting for it (default: nothing recorded)",
     "precompile": "precompile(cache_dir) -> the runtime portable_guided.precompile uses to "
-                  "count and cache compiled graphs (default: an eager device, nothing counted)",
+                  "count and cache compiled graphs, and optionally to warm a bucket "
+                  "(default: an eager device, nothing counted)",
 }
 """The optional hooks a :class:`Platform` may name in ``hooks``, with their signatures."""
 
@@ -32,6 +33,7 @@ _DEFAULT_HINTS = {
     "torch": "pip install 'portable-guided[torch]' (pin torch, e.g. torch==2.13.0)",
     "paddle": "pip install 'portable-guided[paddle]'",
     "numpy": "pip install numpy",
+    "jax": "pip install 'portable-guided[jax]'",
 }
 
 

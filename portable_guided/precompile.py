@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
@@ -133,9 +133,11 @@ def _bucket_line(bucket: BucketReport) -> str:
 class _Runtime(Protocol):
     """What ``precompile`` needs from a device: a platform's ``precompile`` hook returns one
     (XLA: ``portable_guided.platforms.xla.XlaPrecompile``); eager devices get
-    :class:`_EagerRuntime`."""
+    :class:`_EagerRuntime`. A runtime may also have ``warmup(rows, width, dtype, device)``
+    (JAX: ``portable_guided.platforms.jax.JaxPrecompile``), used instead of running the Torch
+    graph once."""
 
-    def device(self, requested: str | None) -> torch.device: ...
+    def device(self, requested: str | None) -> Any: ...
 
     def stats(self) -> CompileStats | None: ...
 
@@ -220,10 +222,11 @@ def precompile(
         vocab: the logits' width (columns), e.g. the model's padded vocabulary. The graphs do
             not depend on the ``vocab_size`` passed to ``apply_token_mask``.
         dtype: the logits' dtype name: ``float32``, ``bfloat16`` or ``float16``.
-        platform: a static-shape platform (built in: ``xla``, ``xpu``, ``npu``, ``static``).
+        platform: a static-shape platform (built in: ``xla``, ``jax``, ``xpu``, ``npu``,
+            ``static``).
         min_bucket: the smallest bucket.
         cache_dir: persistent compilation cache, for platforms with a ``precompile`` hook
-            (XLA); created if missing. Must be given before this process runs any other XLA
+            (XLA, JAX); created if missing. Must be given before this process runs any other XLA
             computation.
         device: device string; default: the platform's device.
         progress: show a progress bar and one line per bucket on ``stream``.
@@ -256,17 +259,13 @@ def precompile(
     else:
         runtime = _EagerRuntime(cache, (device or next(iter(spec.device_types), "cpu")).split(":")[0])
 
-    import torch
-
-    from .kernels.static_torch import warmup
-
     target = runtime.device(device)
-    torch_dtype = getattr(torch, dtype)
+    warmup = _warmup_of(runtime, dtype)
     reports = []
     start = time.perf_counter()
     for rows in _progress(sizes, progress, stream):
         before, t0 = runtime.stats(), time.perf_counter()
-        warmup(rows, vocab, torch_dtype, target)
+        warmup(rows, vocab, target)
         runtime.sync()
         after = runtime.stats()
         bucket = BucketReport(rows, time.perf_counter() - t0,
@@ -284,6 +283,20 @@ def precompile(
         seconds=time.perf_counter() - start,
         cache_files=None if cache is None else sum(1 for _ in _files(cache)),
     )
+
+
+def _warmup_of(runtime: _Runtime, dtype: str) -> Callable[[int, int, Any], None]:
+    """``warmup(rows, width, device)`` for one bucket: the runtime's own (JAX compiles its
+    executables ahead of time) or, by default, one run of the Torch static-shape graph."""
+    own = getattr(runtime, "warmup", None)
+    if own is not None:
+        return lambda rows, width, target: own(rows, width, dtype, target)
+    import torch
+
+    from .kernels.static_torch import warmup
+
+    torch_dtype = getattr(torch, dtype)
+    return lambda rows, width, target: warmup(rows, width, torch_dtype, target)
 
 
 def _files(directory: str) -> Iterator[str]:

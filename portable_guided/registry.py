@@ -39,7 +39,7 @@ FALLBACK_PLATFORM = "static"
 
 BUILTIN_PLATFORMS: Mapping[str, str] = {
     name: f"portable_guided.platforms.{name}:PLATFORM"
-    for name in ("cpu", "cuda", "xla", "xpu", "npu", "static")
+    for name in ("cpu", "cuda", "xla", "jax", "xpu", "npu", "static")
 }
 
 

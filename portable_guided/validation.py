@@ -33,7 +33,7 @@ class MaskPlan:
         rows: row indices to mask (each one a row of both logits and bitmask), or ``None``
             for every row (then ``bitmask_rows == batch``).
         dtype: the logits' element type name.
-        framework: ``torch``, ``paddle`` or ``numpy`` (of the logits).
+        framework: ``torch``, ``paddle``, ``jax`` or ``numpy`` (of the logits).
         device_type: device family of the logits.
         bitmask_framework: framework of the bitmask.
         bitmask_on_host: whether the bitmask is in host memory.
@@ -112,6 +112,8 @@ def _element_strides(x: Any, framework: str) -> tuple[int, ...] | None:
             return None
     if framework == "numpy":
         return tuple(s // x.itemsize for s in x.strides)
+    if framework == "jax":
+        return None  # immutable, no views: elements never alias
     strides = getattr(x, "strides", None)  # Paddle 3 (strided views), in elements
     return tuple(strides) if strides is not None else None
 
@@ -165,7 +167,7 @@ def plan_mask(
         bitmask_framework = framework_of(bitmask)
     except TypeError:
         raise TypeError(
-            f"bitmask must be a torch.Tensor, paddle.Tensor or numpy.ndarray, "
+            f"bitmask must be a torch.Tensor, paddle.Tensor, jax.Array or numpy.ndarray, "
             f"got {type(bitmask).__name__}"
         ) from None
     bitmask_dtype = dtype_name(bitmask, bitmask_framework)

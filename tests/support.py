@@ -75,6 +75,8 @@ def to_f32(x) -> np.ndarray:
         return x.astype(np.float32)
     if type(x).__module__.startswith("torch"):
         return x.detach().float().cpu().numpy()
+    if type(x).__module__.startswith("jax"):
+        return np.asarray(x.astype("float32"))
     return x.astype("float32").cpu().numpy()
 
 

@@ -20,7 +20,8 @@ from portable_guided.registry import BUILTIN_PLATFORMS, REGISTRY
 from tests.support import cast, make, to_f32
 
 DTYPES = {"numpy": ("float32", "float16"), "torch": ("float32", "bfloat16", "float16"),
-          "paddle": ("float32", "bfloat16", "float16")}
+          "paddle": ("float32", "bfloat16", "float16"),
+          "jax": ("float32", "bfloat16", "float16")}
 
 
 def _cases() -> list:
@@ -28,7 +29,7 @@ def _cases() -> list:
     for name in BUILTIN_PLATFORMS:
         for framework in pg.get_platform(name).kernels:
             marks = [getattr(pytest.mark, name)]
-            if framework != "numpy":
+            if framework not in ("numpy", name):
                 marks.append(getattr(pytest.mark, framework))
             cases += [pytest.param(name, framework, dtype, marks=marks,
                                    id=f"{name}-{framework}-{dtype}")
@@ -71,8 +72,10 @@ def test_apply_on_the_platforms_device(name, framework, dtype, shape, bitmask_on
     # A platform checked on a device another platform claims (static on the CPU) is forced.
     forced = None if REGISTRY.for_device(device_type) is platform else name
     assert pg.resolve(logits, platform=forced).platform is platform
-    mask_arg = (platform.to_device(bitmask, framework) if bitmask_on == "device"
-                else make(bitmask, framework))
+    if bitmask_on == "device":
+        mask_arg = platform.to_device(bitmask, framework)
+    else:  # JAX has no host tensor of its own: its host bitmask is a NumPy array
+        mask_arg = bitmask if framework == "jax" else make(bitmask, framework)
     before = to_f32(logits)
     expected = reference(before, bitmask, indices=indices, vocab_size=vocab_size)
 

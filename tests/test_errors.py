@@ -34,7 +34,7 @@ CASES = [
     ("negative vocab", (2, 40), "float32", (2, 2), "int32", {"vocab_size": -1}, ValueError, "-1"),
     ("float vocab", (2, 40), "float32", (2, 2), "int32", {"vocab_size": 3.0}, TypeError, "float"),
     ("unknown platform", (2, 40), "float32", (2, 2), "int32", {"platform": "tpu9"}, ValueError,
-     "unknown platform 'tpu9'; available: cpu, cuda, npu, static, xla, xpu"),
+     "unknown platform 'tpu9'; available: cpu, cuda, jax, npu, static, xla, xpu"),
     # bool is an int subclass: [True, False] must not mean rows 1 and 0.
     ("bool indices", (2, 40), "float32", (2, 2), "int32", {"indices": [True, False]},
      TypeError, r"got a bool \(True\)"),

@@ -3,7 +3,8 @@
 import subprocess
 import sys
 
-HEAVY = ("torch", "paddle", "xgrammar", "torch_xla", "llguidance", "transformers", "triton")
+HEAVY = ("torch", "paddle", "jax", "xgrammar", "torch_xla", "llguidance", "transformers",
+         "triton")
 
 
 def test_import_is_light():

@@ -23,7 +23,8 @@ from ci.matrix import (
     run_lane,
 )
 
-EXPECTED_LANES = {"cpu", "paddle", "xla-cpu", "vllm-cpu", "vllm033-cpu", "sglang-cpu", "lint", "cuda", "tpu", "xpu", "npu"}
+EXPECTED_LANES = {"cpu", "paddle", "xla-cpu", "jax-cpu", "vllm-cpu", "vllm033-cpu", "sglang-cpu",
+                  "lint", "cuda", "tpu", "xpu", "npu"}
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "matrix.yml"
 
 _MINIMAL = """
@@ -57,7 +58,8 @@ def test_every_platform_is_declared() -> None:
 def test_lanes_without_hardware_are_exactly_the_hosted_ones() -> None:
     lanes = load_lanes()
     runnable_anywhere = {name for name, lane in lanes.items() if not lane.needs_hardware}
-    assert runnable_anywhere == {"cpu", "paddle", "xla-cpu", "vllm-cpu", "vllm033-cpu", "sglang-cpu", "lint"}
+    assert runnable_anywhere == {"cpu", "paddle", "xla-cpu", "jax-cpu", "vllm-cpu", "vllm033-cpu",
+                                 "sglang-cpu", "lint"}
     assert {name for name, lane in lanes.items() if lane.self_hosted} == EXPECTED_LANES - runnable_anywhere
 
 

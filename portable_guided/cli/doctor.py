@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["register", "run_checks", "Check"]
 
-_PACKAGES = ("numpy", "torch", "paddlepaddle", "torch_xla", "xgrammar", "llguidance", "triton")
+_PACKAGES = ("numpy", "torch", "paddlepaddle", "torch_xla", "jax", "jaxlib", "xgrammar",
+             "llguidance", "triton")
 
 
 @dataclass
@@ -83,11 +84,29 @@ def _targets() -> Iterator[tuple[str, str, Platform, str | None, str | None]]:
             yield framework, label, platform, forced, error
 
 
+def _device_lines() -> list[str]:
+    """The devices of frameworks that enumerate their own (JAX: every backend it found)."""
+    import importlib.util
+
+    if importlib.util.find_spec("jax") is None:
+        return []
+    try:
+        import jax
+
+        devices = jax.devices()
+    except Exception as exc:  # noqa: BLE001 - a broken backend is a finding to report
+        return [f"jax devices: none ({type(exc).__name__}: {exc})"]
+    listed = ", ".join(f"{d.platform}:{d.id} ({d.device_kind})" for d in devices)
+    return [f"jax devices ({jax.default_backend()} backend): {listed}"]
+
+
 def _to_numpy(x: Any) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
     if type(x).__module__.startswith("torch"):
         return x.detach().cpu().float().numpy()
+    if type(x).__module__.startswith("jax"):
+        return np.asarray(x.astype("float32"))
     return x.astype("float32").cpu().numpy()
 
 
@@ -120,8 +139,10 @@ def run_checks(batch: int = 16, vocab: int = 32_000, seed: int = 0) -> list[Chec
             logits = platform.to_device(values.copy(), framework)
             device = device_type_of(logits, framework)
             resolution = pg.resolve(logits, platform=forced)
-            pg.apply_token_mask(logits, bitmask, indices=indices, vocab_size=997, platform=forced)
-            got = _to_numpy(logits)
+            # In place on most platforms; a new array where the platform is not (JAX).
+            result = pg.apply_token_mask(logits, bitmask, indices=indices, vocab_size=997,
+                                         platform=forced)
+            got = _to_numpy(result)
             ok = bool(np.array_equal(got, expected))
             detail = "matches reference" if ok else (
                 f"{int((got != expected).sum())} entries differ from the reference")
@@ -130,8 +151,8 @@ def run_checks(batch: int = 16, vocab: int = 32_000, seed: int = 0) -> list[Chec
             for _ in range(7):
                 platform.synchronize(timed)
                 start = time.perf_counter()
-                pg.apply_token_mask(timed, timing_mask, platform=forced)
-                platform.synchronize(timed)
+                out = pg.apply_token_mask(timed, timing_mask, platform=forced)
+                platform.synchronize(out)
                 samples.append(time.perf_counter() - start)
             results.append(Check(framework, device, forced, resolution.platform.name,
                                  resolution.strategy, resolution.kernel_name, ok, detail,
@@ -149,6 +170,8 @@ def _run(args: argparse.Namespace) -> int:
     missing = [k for k, v in versions.items() if not v]
     if missing:
         print("not installed: " + ", ".join(missing))
+    for line in _device_lines():
+        print(line)
     checks = run_checks(args.batch, args.vocab)
     cpu_kernel = compiled.describe()  # after the checks: their frameworks are loaded now
     print(f"cpu kernel: {cpu_kernel}")

@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("--platform", default="xla",
-                        help="static-shape platform: xla, xpu, npu or static (default: xla)")
+                        help="static-shape platform: xla, jax, xpu, npu or static (default: xla)")
     parser.add_argument("--max-batch", type=int, required=True, help="largest batch the engine runs")
     parser.add_argument("--min-bucket", type=int, default=8, help="smallest bucket (default: 8)")
     parser.add_argument("--vocab", type=int, required=True,
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"),
                         help="logits dtype (default: bfloat16)")
     parser.add_argument("--cache-dir", default=None,
-                        help="persistent compilation cache directory (xla); created if missing")
+                        help="persistent compilation cache directory (xla, jax); created if missing")
     parser.add_argument("--device", default=None, help="device string (default: the platform's)")
     parser.add_argument("--json", action="store_true",
                         help="print the report as JSON on stdout instead of a table")
