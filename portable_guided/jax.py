@@ -26,7 +26,6 @@ This module imports JAX; ``import portable_guided`` does not import it.
 from __future__ import annotations
 
 import operator
-import warnings
 from typing import Any
 
 import jax
@@ -36,6 +35,7 @@ from jax import lax
 
 from .buckets import BucketPolicy
 from .kernels.static_common import column_allow_words, device_words
+from .validation import warn_narrow_bitmask
 
 __all__ = ["mask_logits", "device_bitmask", "NO_ROW"]
 
@@ -108,12 +108,7 @@ def mask_logits(
     covered = 32 * words
     if vocab_size is None:
         if covered < width:
-            warnings.warn(
-                f"The bitmask covers only {covered} tokens but logits have {width}, so "
-                f"logits[..., {covered}:] are left unmasked. Allocate the bitmask with the full "
-                "vocab size, or pass vocab_size explicitly.",
-                stacklevel=2,
-            )
+            warn_narrow_bitmask(covered, width, stacklevel=2)
         vocab_size = min(width, covered)
     vocab_size = _static_int("vocab_size", vocab_size)
     if not 0 <= vocab_size <= min(width, covered):

@@ -15,7 +15,7 @@ import numpy as np
 
 from ._frameworks import device_type_of, dtype_name, framework_of
 
-__all__ = ["LOGIT_DTYPES", "MaskPlan", "plan_mask"]
+__all__ = ["LOGIT_DTYPES", "MaskPlan", "int_list", "plan_mask", "warn_narrow_bitmask"]
 
 LOGIT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -62,21 +62,29 @@ class MaskPlan:
         return np.arange(self.batch) if self.rows is None else self.rows
 
 
+def int_list(values: Any, what: str) -> list[int]:
+    """``values`` (a sequence of ints) as a list of Python ints, or ``TypeError`` naming the
+    offender. Booleans are refused: ``bool`` is an ``int`` subclass, so ``[True, False]``
+    would silently mean rows 1 and 0."""
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{what} must be a sequence of ints, got {type(values).__name__}")
+    out = []
+    for v in values:
+        if isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{what} must hold integers, got a bool ({v!r})")
+        try:
+            out.append(operator.index(v))
+        except TypeError:
+            raise TypeError(
+                f"{what} must hold integers, got {type(v).__name__} ({v!r:.40})") from None
+    return out
+
+
 def _as_index_array(indices: Any, limit: int) -> np.ndarray:
     """``indices`` as an int64 array; Python lists are range-checked here (an int too large
     for int64 must be a ValueError, not NumPy's OverflowError)."""
     if isinstance(indices, (list, tuple, range)):
-        values = []
-        for i in indices:
-            # bool is an int subclass: [True, False] would silently mean rows 1 and 0.
-            if isinstance(i, (bool, np.bool_)):
-                raise TypeError(f"indices must hold integers, got a bool ({i!r})")
-            try:
-                values.append(operator.index(i))
-            except TypeError:
-                raise TypeError(
-                    f"indices must hold integers, got {[type(v).__name__ for v in indices][:5]}"
-                ) from None
+        values = int_list(indices, "indices")
         bad = [v for v in values if not 0 <= v < limit]
         if bad:
             raise ValueError(f"indices {bad[:8]} out of range [0, {limit})")
@@ -129,6 +137,18 @@ def _has_internal_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> b
             return True
         span += stride * (size - 1)
     return False
+
+
+def warn_narrow_bitmask(covered: int, width: int, stacklevel: int) -> None:
+    """The warning for a bitmask covering fewer tokens than the logits have columns: word
+    for word xgrammar's (0.2.8), so a user's warning filter written for xgrammar matches
+    ours too."""
+    warnings.warn(
+        f"The bitmask covers only {covered} tokens but logits have {width}, so "
+        f"logits[..., {covered}:] are left unmasked. Allocate the bitmask with the full "
+        "vocab size, or pass vocab_size explicitly.",
+        stacklevel=stacklevel + 1,
+    )
 
 
 def plan_mask(
@@ -198,14 +218,7 @@ def plan_mask(
     covered = 32 * words
     if vocab_size is None:
         if covered < width:
-            # Word for word xgrammar's warning (0.2.8), so a user's warning filter written
-            # for xgrammar matches ours too.
-            warnings.warn(
-                f"The bitmask covers only {covered} tokens but logits have {width}, so "
-                f"logits[..., {covered}:] are left unmasked. Allocate the bitmask with the full "
-                "vocab size, or pass vocab_size explicitly.",
-                stacklevel=stacklevel + 1,
-            )
+            warn_narrow_bitmask(covered, width, stacklevel + 1)
         vocab_size = min(width, covered)
     else:
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import operator
 import threading
 import time
 import weakref
@@ -14,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..validation import int_list
 from .compile_service import CompiledGrammar, CompileService
 from .engines import Engine, Matcher
 from .fill_pool import FillPool
@@ -328,16 +328,7 @@ def _check_rows(rows: Sequence[int] | None, n: int, capacity: int) -> list[int]:
         if n > capacity:
             raise ValueError(f"{n} requests but the bitmask has only {capacity} rows")
         return list(range(n))
-    if isinstance(rows, (str, bytes)):
-        raise TypeError(f"rows must be a sequence of ints, got {type(rows).__name__}")
-    row_list = []
-    for r in rows:
-        if isinstance(r, (bool, np.bool_)):
-            raise TypeError(f"rows must hold ints, got a bool ({r!r})")
-        try:
-            row_list.append(operator.index(r))
-        except TypeError:
-            raise TypeError(f"rows must hold ints, got {type(r).__name__} ({r!r:.40})") from None
+    row_list = int_list(rows, "rows")
     if len(row_list) != n:
         raise ValueError(f"rows has {len(row_list)} entries for {n} requests")
     bad = [r for r in row_list if not 0 <= r < capacity]

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..vllm.guard import fingerprint
+from ..vllm.guard import describe_difference, fingerprint
 
 __all__ = ["FUNCTIONS", "HOOK_FUNCTIONS", "KNOWN", "Canary", "Takeover", "current", "fingerprint",
            "match", "mismatches", "same"]
@@ -196,10 +196,7 @@ class Canary:
             else:
                 if same(logits, reference):
                     return True
-                differ = (logits != reference) & ~(logits.isnan() & reference.isnan())
-                rows = (differ.any(dim=-1).nonzero().flatten().tolist()
-                        if differ.dim() > 1 else [])
-                what = f"differs from SGLang's on {int(differ.sum())} logits (rows {rows[:16]})"
+                what = describe_difference(logits, reference, "SGLang's")
             logits.copy_(reference)
             self._trip(what, kind)
             return False

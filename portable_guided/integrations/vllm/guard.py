@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KNOWN", "Canary", "Fingerprints", "Takeover", "fingerprint", "layout_for_version",
+__all__ = ["KNOWN", "Canary", "Fingerprints", "Takeover", "describe_difference", "fingerprint",
+           "layout_for_version",
            "match", "reference_v2_apply"]
 
 logger = logging.getLogger("vllm.plugins.portable_guided")
@@ -146,6 +147,13 @@ def mismatches(found: Fingerprints, runner: str) -> str:
     return f"the source of {named} differs from the verified {found.version}"
 
 
+def describe_difference(ours: Any, theirs: Any, whose: str) -> str:
+    """How two logits tensors that should be identical differ (NaN equals NaN)."""
+    differ = (ours != theirs) & ~(ours.isnan() & theirs.isnan())
+    rows = differ.any(dim=-1).nonzero().flatten().tolist() if differ.dim() > 1 else []
+    return f"differs from {whose} on {int(differ.sum())} logits (rows {rows[:16]})"
+
+
 def _same(a: Any, b: Any) -> bool:
     """Exact equality of two logits tensors, NaN equal to NaN."""
     import torch
@@ -202,10 +210,7 @@ class Canary:
             else:
                 if _same(logits, reference):
                     return True
-                differ = (logits != reference) & ~(logits.isnan() & reference.isnan())
-                rows = (differ.any(dim=-1).nonzero().flatten().tolist()
-                        if differ.dim() > 1 else [])
-                what = f"differs from vLLM's on {int(differ.sum())} logits (rows {rows[:16]})"
+                what = describe_difference(logits, reference, "vLLM's")
             logger.error(
                 "portable_guided's %s grammar bitmask %s; speculative=%s, unconstrained=%s: "
                 "vLLM's result is used for this batch and vLLM's own function is restored for "
