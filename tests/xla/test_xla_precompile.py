@@ -107,7 +107,8 @@ def test_eager_static_platform_runs_without_counts() -> None:
         ({"platform": "tpu9"}, ValueError, "tpu9"),
         ({"vocab": 0}, ValueError, "vocab must be a positive int, got 0"),
         ({"max_batch": 0}, ValueError, "max_batch must be >= 1, got 0"),
-        ({"platform": "static", "device": "cpu", "cache_dir": "/tmp/x"}, ValueError, "only supported on xla"),
+        ({"platform": "static", "device": "cpu", "cache_dir": "/tmp/x"}, ValueError,
+         "cache_dir is only supported on jax, xla"),
     ],
 )
 def test_bad_arguments(kwargs, error, message) -> None:
