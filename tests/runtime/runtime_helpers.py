@@ -38,3 +38,20 @@ def process_gone(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return state in ("Z", "X")
+
+
+def suite_dir():
+    """The official JSON Schema Test Suite (draft 2020-12) from the shared data: beside the
+    checkout (``../shared``), at ``/work/shared``, or where ``PORTABLE_GUIDED_JSON_SUITE``
+    says; a path that does not exist when none is found (tests then skip, naming it)."""
+    import os
+    from pathlib import Path
+
+    tail = Path("data", "json-schema-test-suite", "draft2020-12")
+    here = Path(__file__).resolve().parents[2]
+    candidates = [os.environ.get("PORTABLE_GUIDED_JSON_SUITE"), here.parent / "shared" / tail,
+                  Path("/work/shared") / tail]
+    for cand in candidates:
+        if cand and Path(cand).is_dir():
+            return Path(cand)
+    return here.parent / "shared" / tail

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 
 import pytest
+from runtime_helpers import suite_dir
 
 from portable_guided.runtime.json_lowering import disjoint, lower, unsound
 
@@ -21,8 +21,7 @@ hypothesis = pytest.importorskip("hypothesis")
 st = pytest.importorskip("hypothesis.strategies")
 from hypothesis import HealthCheck, given, settings
 
-SUITE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / \
-    "json-schema-test-suite" / "draft2020-12"
+SUITE = suite_dir()
 
 
 def _valid(schema, instance) -> bool:

@@ -9,14 +9,13 @@ tokenized with the SmolLM2 tokenizer and walked token by token, then the stop to
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
+from runtime_helpers import suite_dir
 
 from portable_guided.harness.schema_suite import load_suite, run_suite, summarize_suite
 
-SUITE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / \
-    "json-schema-test-suite" / "draft2020-12"
+SUITE = suite_dir()
 
 pytestmark = [
     pytest.mark.skipif(not SUITE.is_dir(), reason=f"JSON Schema Test Suite not at {SUITE}"),
