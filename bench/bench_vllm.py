@@ -131,20 +131,12 @@ class WarmBackends:
 
     @contextlib.contextmanager
     def mode(self, mode: str) -> Iterator[None]:
-        import portable_guided.integrations.vllm as plug
         from portable_guided.integrations.vllm import backend
-        from tests.vllm_plugin.conftest import manager
+        from tests.vllm_plugin.conftest import manager, set_plugin
 
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         kind = "ours" if mode == "runtime" else "vllm"
         mgr = manager(self.llm)
-        plug.unpatch()
-        if mode != "off":
-            os.environ[plug.ENV_BACKEND] = "1" if mode == "runtime" else "0"
-            plug.register()
-            if not plug.is_patched():
-                raise RuntimeError("the plugin did not patch vLLM")
+        set_plugin(mode)
         mgr.backend = self.parked.get(kind)
         mgr._grammar_bitmask = None
         try:
@@ -155,8 +147,7 @@ class WarmBackends:
             self.parked[kind] = mgr.backend
             mgr.backend = None
             mgr._grammar_bitmask = None
-            plug.unpatch()
-            os.environ.pop(plug.ENV_BACKEND, None)
+            set_plugin("off")
 
     def close(self) -> None:
         for backend in self.parked.values():

@@ -84,26 +84,33 @@ def plugin_mode(llm: Any, mode: str) -> Iterator[None]:
     """Run the block with vLLM alone (``off``), our apply (``apply``) or our apply and
     grammar runtime (``runtime``). vLLM keeps one backend per engine, built on the first
     structured request: switching drops it, so the next request builds the chosen one."""
-    import portable_guided.integrations.vllm as plug
     from portable_guided.integrations.vllm import backend
 
-    if mode not in ("off", "apply", "runtime"):
-        raise ValueError(f"mode must be off, apply or runtime, got {mode!r}")
     _reset_backend(llm)
-    plug.unpatch()
-    if mode != "off":
-        os.environ[plug.ENV_BACKEND] = "1" if mode == "runtime" else "0"
-        plug.register()
-        if not plug.is_patched():
-            raise RuntimeError("the plugin did not patch vLLM")
+    set_plugin(mode)
     try:
         yield
         if mode == "runtime" and not isinstance(manager(llm).backend, backend.PortableGuidedBackend):
             raise AssertionError(f"vLLM used {type(manager(llm).backend).__name__}, not ours")
     finally:
         _reset_backend(llm)
-        plug.unpatch()
-        os.environ.pop(plug.ENV_BACKEND, None)
+        set_plugin("off")
+
+
+def set_plugin(mode: str) -> None:
+    """vLLM alone (``off``), our apply (``apply``) or our apply and grammar runtime
+    (``runtime``) for the structured requests that follow."""
+    import portable_guided.integrations.vllm as plug
+
+    if mode not in ("off", "apply", "runtime"):
+        raise ValueError(f"mode must be off, apply or runtime, got {mode!r}")
+    plug.unpatch()
+    os.environ.pop(plug.ENV_BACKEND, None)
+    if mode != "off":
+        os.environ[plug.ENV_BACKEND] = "1" if mode == "runtime" else "0"
+        plug.register()
+        if not plug.is_patched():
+            raise RuntimeError("the plugin did not patch vLLM")
 
 
 def generate(llm: Any, prompts: list[str], params: list[Any]) -> list[Any]:

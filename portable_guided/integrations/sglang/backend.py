@@ -34,6 +34,7 @@ from sglang.srt.constrained.base_grammar_backend import (
 
 from ...runtime import GrammarRuntime, GrammarSpec, Request, load_tokenizer_info
 from ...runtime.errors import GrammarError
+from .._settings import env_seconds
 from .apply import apply_xgrammar
 
 __all__ = ["PortableGuidedGrammar", "PortableGuidedGrammarBackend", "create_backend",
@@ -42,17 +43,6 @@ __all__ = ["PortableGuidedGrammar", "PortableGuidedGrammarBackend", "create_back
 logger = logging.getLogger("sglang.plugins.portable_guided")
 
 BACKEND_NAME = "portable_guided"
-
-
-def _env_float(name: str, default: float | None) -> float | None:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-    return value if value > 0 else None
 
 
 class PortableGuidedGrammar(BaseGrammarObject):
@@ -171,7 +161,7 @@ class PortableGuidedGrammarBackend(BaseGrammarBackend):
         stop = sorted(int(t) for t in eos_token_ids) if eos_token_ids else None
         info = load_tokenizer_info(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
         self.engine = os.environ.get("PORTABLE_GUIDED_SGLANG_ENGINE", "xgrammar")
-        timeout_s = _env_float("PORTABLE_GUIDED_SGLANG_COMPILE_TIMEOUT_S", 30.0)
+        timeout_s = env_seconds("PORTABLE_GUIDED_SGLANG_COMPILE_TIMEOUT_S", 30.0)
         self.runtime = GrammarRuntime(
             info, engine=self.engine, compile_timeout_s=timeout_s,
             disk_cache_dir=os.environ.get("PORTABLE_GUIDED_SGLANG_CACHE_DIR") or None)

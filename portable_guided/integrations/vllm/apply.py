@@ -29,7 +29,8 @@ __all__ = ["TAKEOVER", "apply_grammar_bitmask", "apply_v1", "grammar_rows"]
 
 logger = logging.getLogger("vllm.plugins.portable_guided")
 
-_first_apply = threading.Event()
+#: Runner ("V1", "V2") -> set once its first apply was logged.
+_first_apply: dict[str, threading.Event] = {}
 
 #: Set by :func:`portable_guided.integrations.vllm.register` when V1 is taken over: the
 #: layout of the verified build, vLLM's own function and the canary.
@@ -115,16 +116,29 @@ def apply_v1(
         # The common decode step: every row constrained, already in batch order.
         masked = apply_token_mask(logits, bitmask[:n_logits])
     else:
-        # Our indices select the same row of logits and bitmask: lay the rows out as tall
-        # as the logits. Rows not named in ``indices`` are never read, so they stay unset.
-        placed = np.empty((n_logits, bitmask.shape[1]), dtype=np.int32)
-        placed[logits_rows] = bitmask[bitmask_rows]
-        masked = apply_token_mask(logits, placed, indices=logits_rows)
-    if masked is not logits:  # a platform that is not in place (none built in today)
+        masked = apply_rows(logits, bitmask, logits_rows, bitmask_rows)
+    finish_apply(logits, masked, "V1")
+
+
+def apply_rows(logits: Any, bitmask: np.ndarray, logits_rows: Any, bitmask_rows: Any) -> Any:
+    """Mask ``logits[logits_rows[i]]`` with ``bitmask[bitmask_rows[i]]``. Our indices select
+    the same row of logits and bitmask, so the rows are laid out as tall as the logits; rows
+    not named are never read and stay unset."""
+    placed = np.empty((int(logits.shape[0]), bitmask.shape[1]), dtype=np.int32)
+    placed[logits_rows] = bitmask[bitmask_rows]
+    rows = logits_rows.tolist() if isinstance(logits_rows, np.ndarray) else logits_rows
+    return apply_token_mask(logits, placed, indices=rows)
+
+
+def finish_apply(logits: Any, masked: Any, runner: str) -> None:
+    """Write ``masked`` back where a platform is not in place (none built in today), and log
+    the first apply of each runner with what served it."""
+    if masked is not logits:
         logits.copy_(masked)
-    if not _first_apply.is_set():
-        _first_apply.set()
+    first = _first_apply.setdefault(runner, threading.Event())
+    if not first.is_set():
+        first.set()
         logger.info(
             "portable_guided applied the first grammar bitmask in this process (pid %d, "
-            "Model Runner V1): %s", os.getpid(), resolve(logits),
+            "Model Runner %s): %s", os.getpid(), runner, resolve(logits),
         )

@@ -36,6 +36,7 @@ from vllm.v1.structured_output.backend_types import (
 
 from ...runtime import GrammarRuntime, GrammarSpec, Request, load_tokenizer_info
 from ...runtime.errors import GrammarError
+from .._settings import env_seconds
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -51,17 +52,6 @@ _ORIGINALS: dict[str, Any] = {}
 _lock = threading.Lock()
 
 
-def _env_float(name: str, default: float | None) -> float | None:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-    return value if value > 0 else None
-
-
 @dataclass
 class PortableGuidedBackend(StructuredOutputBackend):
     """vLLM ``StructuredOutputBackend`` backed by one :class:`GrammarRuntime` per engine."""
@@ -74,7 +64,7 @@ class PortableGuidedBackend(StructuredOutputBackend):
     def __post_init__(self) -> None:
         info = load_tokenizer_info(self.tokenizer, vocab_size=self.vocab_size)
         engine = os.environ.get("PORTABLE_GUIDED_VLLM_ENGINE", "xgrammar")
-        timeout_s = _env_float("PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S", 30.0)
+        timeout_s = env_seconds("PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S", 30.0)
         # A burst of new schemas (a batch of distinct requests) compiles in parallel, as
         # vLLM's own backend does in threads: one worker per core, up to 4.
         workers = int(os.environ.get("PORTABLE_GUIDED_VLLM_COMPILE_WORKERS",

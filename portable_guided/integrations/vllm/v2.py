@@ -20,14 +20,13 @@ logits' dtype:
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
 import numpy as np
 
 from ...apply import apply_token_mask
-from ...registry import resolve
+from .apply import apply_rows, finish_apply
 from .guard import Takeover, layout_for_version, reference_v2_apply
 from .rows import v2_keys, v2_rows
 
@@ -37,8 +36,6 @@ logger = logging.getLogger("vllm.plugins.portable_guided")
 
 #: Set by :func:`portable_guided.integrations.vllm.register` when V2 is taken over.
 TAKEOVER: Takeover | None = None
-
-_first_apply = threading.Event()
 
 
 def _positions(worker: Any, input_batch: Any) -> Any:
@@ -71,25 +68,15 @@ def apply_v2(
             f"vLLM sent {bitmask.shape[0]} grammar bitmask rows for {len(grammar_req_ids)} "
             f"requests, but the {layout} layout with mask_stride {stride} maps {len(keys)}"
         )
-    n_logits = int(logits.shape[0])
     cu_num_logits = input_batch.cu_num_logits
     if getattr(logits, "is_cpu", True):
         bitmask_rows, logits_rows = v2_rows(keys, stride, np.asarray(cu_num_logits))
         if not len(logits_rows):
             return
-        placed = np.empty((n_logits, bitmask.shape[1]), dtype=np.int32)
-        placed[logits_rows] = bitmask[bitmask_rows]
-        masked = apply_token_mask(logits, placed, indices=logits_rows.tolist())
+        masked = apply_rows(logits, bitmask, logits_rows, bitmask_rows)
     else:
         masked = _apply_on_device(logits, cu_num_logits, keys, bitmask, stride)
-    if masked is not logits:  # a platform that is not in place (none built in today)
-        logits.copy_(masked)
-    if not _first_apply.is_set():
-        _first_apply.set()
-        logger.info(
-            "portable_guided applied the first grammar bitmask in this process (pid %d, "
-            "Model Runner V2): %s", os.getpid(), resolve(logits),
-        )
+    finish_apply(logits, masked, "V2")
 
 
 def _apply_on_device(logits: Any, cu_num_logits: Any, keys: Any, bitmask: Any,
