@@ -164,7 +164,8 @@ def test_one_of_kept_only_where_branches_are_disjoint(schema, target, xs):
     if unsound(lowered):
         return
     as_any = json.loads(json.dumps(lowered).replace('"oneOf"', '"anyOf"'))
-    assert [_valid(as_any, x) for x in xs] == expected, (schema, lowered, xs)
+    # As where the templates check it: the validator may not decide a $ref cycle.
+    assert _decisions(as_any, xs) in (expected, None), (schema, lowered, xs)
 
 
 def _decisions(schema, xs):
