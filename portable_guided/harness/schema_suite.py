@@ -38,12 +38,17 @@ def load_suite(folder: str) -> list[dict[str, Any]]:
     return groups
 
 
+#: How a compile error says the schema accepts no value (engines.base.EmptyLanguage).
+EMPTY_LANGUAGE = "accepts no output at all"
+
+
 def run_suite(groups: Sequence[dict[str, Any]], info: TokenizerInfo, engine: str, *,
               timeout_s: float | None = 5.0,
               progress: Callable[[dict[str, Any]], None] | None = None
               ) -> list[dict[str, Any]]:
-    """One row per group: ``{"id", "status": "ok" | "refused" | "timeout", "error",
-    "tests": [[valid, accepted], ...]}`` (tests only where the schema compiled)."""
+    """One row per group: ``{"id", "status": "ok" | "empty" | "refused" | "timeout", "error",
+    "tests": [[valid, accepted], ...]}``: tests where the schema compiled, and where it was
+    refused as accepting no value at all ("empty": the runtime then accepts no instance)."""
     rt = GrammarRuntime(info, engine, compile_timeout_s=timeout_s, fill_threads=1,
                         failure_ttl_s=0)
     stop = info.stop_token_ids[0]
@@ -59,7 +64,11 @@ def run_suite(groups: Sequence[dict[str, Any]], info: TokenizerInfo, engine: str
             except GrammarTimeout as exc:
                 row.update(status="timeout", error=str(exc)[:300])
             except (GrammarCompileError, GrammarSpecError) as exc:
-                row.update(status="refused", error=str(exc)[:300])
+                if EMPTY_LANGUAGE in str(exc):
+                    row.update(status="empty", error=str(exc)[:300],
+                               tests=[[bool(t["valid"]), False] for t in group["tests"]])
+                else:
+                    row.update(status="refused", error=str(exc)[:300])
             else:
                 for test in group["tests"]:
                     ids = info.encode(json.dumps(test["data"]))
@@ -81,6 +90,7 @@ def summarize_suite(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "schemas": len(rows),
         "compiled": sum(r["status"] == "ok" for r in rows),
+        "empty": sum(r["status"] == "empty" for r in rows),
         "timeouts": sum(r["status"] == "timeout" for r in rows),
         "instances": sum(r["n_tests"] for r in rows),
         "decided_right": sum(valid == accepted for valid, accepted in tests),

@@ -27,6 +27,7 @@ may overlap, read as ``anyOf``; ``$dynamicRef``; unresolved non-pointer ``$ref``
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -36,7 +37,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["engine_schema_text", "lower", "unsound", "xgrammar_escapes"]
+__all__ = ["engine_schema_text", "lower", "refuse_unsatisfiable", "unsound", "xgrammar_escapes"]
 
 _log = logging.getLogger(__name__)
 
@@ -64,6 +65,9 @@ _ANNOTATIONS = frozenset(("title", "description", "default", "examples", "$comme
 _IN_PLACE = frozenset(("allOf", "anyOf", "oneOf", "not", "if", "then", "else",
                        "dependentSchemas"))
 _DEFAULT_BASE = "https://portable-guided.invalid/root.json"
+#: Formats whose ASCII form accepts a subset of their values.
+_ASCII_FORMAT = {"idn-email": "email", "idn-hostname": "hostname", "iri": "uri",
+                 "iri-reference": "uri-reference"}
 #: Largest number of branches a distribution of anyOf/oneOf may produce.
 MAX_BRANCHES = 16
 
@@ -78,7 +82,10 @@ def engine_schema_text(text: str) -> str:
     as JSON text (cached: ``auto`` lowers once for both engines)."""
     schema = json.loads(text)
     try:
-        lowered = lower(schema)
+        lowered = lower(schema, approximate=True)
+        if lowered is False and lower(schema) is not False:
+            # The narrowing left nothing: keep the keywords (the engines refuse them).
+            lowered = lower(schema)
     except (RecursionError, ValueError, TypeError, KeyError, IndexError) as exc:
         # A shape the rewrites did not foresee: the engines get the schema as it is (and
         # the soundness checks still run on it).
@@ -89,13 +96,34 @@ def engine_schema_text(text: str) -> str:
     return json.dumps(lowered, ensure_ascii=False, separators=(",", ":"))
 
 
-def lower(schema: Any) -> Any:
+def refuse_unsatisfiable(text: str) -> None:
+    """Raise :class:`~portable_guided.runtime.engines.EmptyLanguage` when the lowered schema
+    ``text`` is ``false``: the schema accepts no JSON value (``allOf`` with ``false``, ``not:
+    {}``, a ``oneOf`` of equal branches), so a request could produce nothing."""
+    if text.strip() == "false":
+        from .engines.base import EmptyLanguage
+
+        raise EmptyLanguage("the grammar accepts no output at all: the schema accepts no "
+                            "JSON value (it is unsatisfiable)")
+
+
+def lower(schema: Any, *, approximate: bool = False) -> Any:
     """``schema`` rewritten into exactly equivalent forms the engines enforce (a new object;
-    ``schema`` is untouched)."""
+    ``schema`` is untouched).
+
+    ``approximate``: where ``not``, ``if`` or an overlapping ``oneOf`` has no exact form,
+    write a sound subset instead: the result accepts only instances ``schema`` accepts, but
+    not all of them (what is left out is logged). The engines compile this form: refusing
+    the schema is the alternative, and constrained output that is always valid is the
+    promise."""
     if not isinstance(schema, Mapping):
         return schema
     doc = _hoist_refs(copy.deepcopy(dict(schema)))
-    return _Lowerer(doc).run()
+    lowerer = _Lowerer(doc, approximate=approximate)
+    out = lowerer.run()
+    for where in lowerer.approximated:
+        _log.info("schema narrowed to a sound subset: %s", where)
+    return out
 
 
 # -- references ------------------------------------------------------------------------------
@@ -227,8 +255,10 @@ def _refs(doc: Any) -> Iterator[str]:
 
 # -- the lowering ----------------------------------------------------------------------------
 class _Lowerer:
-    def __init__(self, doc: dict[str, Any]) -> None:
+    def __init__(self, doc: dict[str, Any], *, approximate: bool = False) -> None:
         self.doc = doc
+        self.approximate = approximate
+        self.approximated: list[str] = []
         self.defs: dict[str, Any] = dict(doc.get("$defs") or {}) if isinstance(
             doc.get("$defs"), Mapping) else {}
         self._lowered: dict[str, Any] = {}
@@ -240,17 +270,48 @@ class _Lowerer:
         root = self.node(self.doc)
         if isinstance(defs, Mapping):
             out_defs = {}
+            narrowed = set()
             for name, sub in defs.items():
-                out_defs[name] = self.target(f"#/$defs/{name}") if name in self.defs else sub
+                if name not in self.defs:
+                    out_defs[name] = sub
+                    continue
+                out_defs[name] = self.target(f"#/$defs/{name}")
+                if self.approximate:
+                    with self._exact():
+                        exact = self.target(f"#/$defs/{name}")
+                    if json.dumps(exact) != json.dumps(out_defs[name]):
+                        narrowed.add(name)
+                        out_defs[f"{name}{_EXACT}"] = exact
+            if narrowed:
+                # A $ref left where a subset would be unsound (under not, if, oneOf,
+                # contains) takes the exact form of its target.
+                root = _retarget(root, narrowed, exact=False)
+                out_defs = {n: _retarget(d, narrowed, exact=n.endswith(_EXACT))
+                            for n, d in out_defs.items()}
             if isinstance(root, dict):
                 root["$defs"] = out_defs
         # Last, as a pass of its own: split schemas merge less well.
         return _map_bottom_up(root, self._split_types)
 
+    @contextlib.contextmanager
+    def _exact(self) -> Iterator[None]:
+        """No subsets inside: a subschema that is negated (``not``, ``if``, a ``oneOf``
+        branch, ``contains`` under ``maxContains``) must be exact, as the negation of a
+        subset is a superset."""
+        saved, self.approximate = self.approximate, False
+        try:
+            yield
+        finally:
+            self.approximate = saved
+
+    def inline_exact(self, ref: str) -> Any:
+        with self._exact():
+            return self.inline(ref)
+
     # A ref target lowered once (None while it is being lowered: a recursive target).
     def target(self, ref: str) -> Any:
         name = ref.rsplit("/", 1)[-1]
-        key = f"{name}/{self.keep}"
+        key = f"{name}/{self.keep}/{self.approximate}"
         if key in self._lowered:
             return self._lowered[key]
         if key in self._busy:
@@ -281,14 +342,16 @@ class _Lowerer:
         keep = keep or "unevaluatedProperties" in s or "unevaluatedItems" in s
         for key in _SUB:
             if key in s and isinstance(s[key], (Mapping, bool)):
-                s[key] = self.node(s[key], depth, keep and key in _IN_PLACE)
+                with self._exact() if key in _NEGATED else contextlib.nullcontext():
+                    s[key] = self.node(s[key], depth, keep and key in _IN_PLACE)
         for key in _MAPS:
             if key != "$defs" and isinstance(s.get(key), Mapping):
                 s[key] = {k: self.node(v, depth, keep and key in _IN_PLACE)
                           for k, v in s[key].items()}
         for key in (*_LISTS, "items"):
             if isinstance(s.get(key), list):
-                s[key] = [self.node(v, depth, keep and key in _IN_PLACE) for v in s[key]]
+                with self._exact() if key in _NEGATED else contextlib.nullcontext():
+                    s[key] = [self.node(v, depth, keep and key in _IN_PLACE) for v in s[key]]
         saved, self.keep = self.keep, keep
         try:
             return self.rewrite(s, depth)
@@ -299,15 +362,18 @@ class _Lowerer:
         """Apply the steps in order; a step that builds a new schema (a merge brings
         keywords together that may need lowering again) restarts from its children."""
         steps: tuple[Callable[[dict[str, Any]], Any], ...] = (
-                 self._drop_false_branches, self._merge_all_of, self._merge_ref,
+                 self._drop_vacuous, self._drop_false_branches, self._merge_all_of, self._merge_ref,
                  self._unevaluated, self._not, self._if_then_else, self._dependent,
-                 self._distribute, self._one_of_by_type)
+                 self._distribute, self._one_of_by_type, self._one_of_exclusive,
+                 self._contains, self._format_subset)
         if "unevaluatedProperties" in s or "unevaluatedItems" in s:
             # What is "evaluated" depends on the applicators beside: only rewrites that
             # keep it (merging allOf and $ref targets into this schema) run first.
-            steps = steps[:4]
+            steps = steps[:5]
         elif self.keep:
-            steps = tuple(st for st in steps if st not in (self._not, self._if_then_else))
+            # Subsets would change which properties and items count as evaluated.
+            steps = tuple(st for st in steps if st not in (
+                self._not, self._if_then_else, self._one_of_exclusive, self._contains))
         for step in steps:
             try:
                 out = step(s)
@@ -318,6 +384,9 @@ class _Lowerer:
         return s
 
     # -- steps (each returns the rewritten schema or raises _NotExact) -----------------------
+    def _drop_vacuous(self, s: dict[str, Any]) -> Any:
+        return _drop_vacuous(s, evaluated_matters=self.keep)
+
     def _drop_false_branches(self, s: dict[str, Any]) -> Any:
         for key in ("anyOf", "oneOf"):
             if isinstance(s.get(key), list):
@@ -360,10 +429,19 @@ class _Lowerer:
         rest = {k: v for k, v in s.items() if k != "$ref"}
         return merge(rest, target, self.inline, host=True)
 
+    def _negate(self, s: Any, what: str) -> Any:
+        try:
+            return negate(s, self.inline_exact)
+        except _NotExact as exc:
+            if not self.approximate:
+                raise
+            self.approximated.append(f"{what} ({exc})")
+            return negate(s, self.inline_exact, subset=True)
+
     def _not(self, s: dict[str, Any]) -> Any:
         if "not" not in s:
             return s
-        negated = negate(s["not"], self.inline)
+        negated = self._negate(s["not"], "not")
         rest = {k: v for k, v in s.items() if k != "not"}
         return merge(rest, negated, self.inline)
 
@@ -380,7 +458,7 @@ class _Lowerer:
             either: Any = True if other is True else {"anyOf": [cond, other]}
         else:
             yes = merge(cond, then, self.inline)
-            no = negate(cond, self.inline)
+            no = self._negate(cond, "if")
             if other is not True:
                 no = merge(no, other, self.inline)
             branches = [b for b in (yes, no) if b is not False]
@@ -468,6 +546,108 @@ class _Lowerer:
         return {**keep, "anyOf": parts} if len(parts) > 1 else merge(keep, parts[0],
                                                                        self.inline)
 
+    def _one_of_exclusive(self, s: dict[str, Any]) -> Any:
+        """A ``oneOf`` whose branches may overlap as ``anyOf`` of exclusive branches: branch
+        ``i`` and the negation of every other (exact where the negations are; otherwise,
+        with ``approximate``, a sound subset that drops the parts of a negation that cannot
+        be written, then whole alternatives where the product grows past MAX_BRANCHES)."""
+        branches = s.get("oneOf")
+        if not isinstance(branches, list) or len(branches) < 2 or (
+                set(s) - _ANNOTATIONS - {"oneOf", "$defs"}) or _pairwise_disjoint(
+                    branches, self.defs):
+            return s
+        exact = True
+        negations = []
+        for b in branches:
+            try:
+                negations.append(negate(b, self.inline_exact))
+            except _NotExact:
+                if not self.approximate:
+                    raise
+                exact = False
+                negations.append(negate(b, self.inline_exact, subset=True))
+        out = []
+        for i, b in enumerate(branches):
+            acc: Any = b
+            for j, neg in enumerate(negations):
+                if j == i or acc is False:
+                    continue
+                try:
+                    acc = merge(acc, neg, self.inline)
+                except _NotExact:
+                    if not self.approximate:
+                        raise
+                    exact = False
+                    acc = self._merge_some(acc, neg)
+            if acc is not False:
+                out.append(acc)
+        if not exact:
+            self.approximated.append(f"oneOf of {len(branches)} overlapping branches")
+        keep = {k: v for k, v in s.items() if k != "oneOf"}
+        if not out:
+            return False
+        return {**keep, "anyOf": out} if len(out) > 1 else merge(keep, out[0], self.inline)
+
+    def _contains(self, s: dict[str, Any]) -> Any:
+        """``contains`` (with ``minContains`` m, default 1, and ``maxContains`` M), with
+        ``approximate``, as the sound subset of arrays whose m matches come first, right
+        after ``prefixItems``: those positions get ``items`` and ``contains`` merged, and
+        with M the later items must not match (a subset of the negation where it cannot be
+        written). Arrays whose matches lie elsewhere are left out."""
+        if "contains" not in s or not self.approximate:
+            return s
+        if "unevaluatedItems" in s or self.keep:
+            raise _NotExact("contains evaluates items for unevaluatedItems")
+        least, most = s.get("minContains", 1), s.get("maxContains")
+        prefix = s.get("prefixItems") or []
+        items = s.get("items", True)
+        if not isinstance(least, int) or not (most is None or isinstance(most, int)) or (
+                not isinstance(prefix, list) or isinstance(items, list)):
+            raise _NotExact("contains with draft-4 items or non-integer counts")
+        if most is not None and most < least:
+            return merge({k: v for k, v in s.items() if k not in (
+                "contains", "minContains", "maxContains")},
+                {"type": [t for t in _TYPES if t != "array"]}, self.inline)
+        match = merge(items, s["contains"], self.inline)
+        rest = {k: v for k, v in s.items() if k not in ("contains", "minContains",
+                                                         "maxContains")}
+        if least > 0:
+            if match is False:
+                return merge(rest, {"type": [t for t in _TYPES if t != "array"]}, self.inline)
+            rest["prefixItems"] = [*prefix, *([match] * least)]
+            rest["minItems"] = max(rest.get("minItems", 0), len(prefix) + least)
+        if most is not None:
+            # No other position may match: the prefix's own and the later items.
+            other = self._negate(s["contains"], "maxContains")
+            rest["prefixItems"] = [merge(p, other, self.inline) for p in prefix] + (
+                rest.get("prefixItems", [])[len(prefix):])
+            rest["items"] = merge(items, other, self.inline)
+        self.approximated.append("contains: the matching items first")
+        return rest
+
+    def _format_subset(self, s: dict[str, Any]) -> Any:
+        """With ``approximate``, an internationalized format as its ASCII form, which the
+        engines enforce: every email address is an ``idn-email``, every URI an ``iri``
+        (RFC 3987), every hostname an ``idn-hostname``."""
+        fmt = s.get("format")
+        if not self.approximate or fmt not in _ASCII_FORMAT:
+            return s
+        self.approximated.append(f"format {fmt} as {_ASCII_FORMAT[fmt]}")
+        return {**s, "format": _ASCII_FORMAT[fmt]}
+
+    def _merge_some(self, acc: Any, neg: Any) -> Any:
+        """``acc`` and one alternative of ``neg`` (the first, simplest first, that merges):
+        a subset of ``acc`` and ``neg``."""
+        options = neg["anyOf"] if isinstance(neg, dict) and set(neg) == {"anyOf"} else [neg]
+        for option in sorted(options, key=lambda o: len(json.dumps(o))):
+            try:
+                out = merge(acc, option, self.inline)
+            except _NotExact:
+                continue
+            if out is not False:
+                return out
+        return False
+
     def _distribute(self, s: dict[str, Any]) -> Any:
         """``anyOf``/``oneOf`` beside other keywords: the keywords merged into each branch
         (conjunction distributes over both; a branch that becomes ``false`` is dropped)."""
@@ -485,6 +665,101 @@ class _Lowerer:
             merged = [merge(body, b, self.inline) for b in branches]
             return {**keep, key: merged}
         return s
+
+
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
+           "minContains", "maxContains")
+#: Subschema keywords that constrain nothing when their value is ``true`` (or ``{}``).
+_VACUOUS_WHEN_TRUE = ("additionalProperties", "items", "propertyNames", "unevaluatedProperties",
+                      "unevaluatedItems")
+
+
+def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
+    """Keywords that constrain nothing or have a plainer equal form: counts written as
+    floats (``2.0``), ``true`` subschemas, ``uniqueItems: false``, ``propertyNames: false``
+    (no property at all), ``contains`` of ``true``/``false`` or with ``minContains: 0``,
+    ``minContains``/``maxContains`` without ``contains``. ``evaluated_matters``: an
+    ``unevaluated*`` keyword sees what ``s`` evaluates, so ``true`` subschemas that
+    evaluate everything (``items``, ``additionalProperties``, ``unevaluated*``) stay."""
+    out = dict(s)
+    for k in _COUNTS:
+        v = out.get(k)
+        if isinstance(v, float) and v.is_integer():
+            out[k] = int(v)
+    # `items: true` beside `unevaluatedItems` evaluates every item: it must stay.
+    unevaluated = evaluated_matters or "unevaluatedProperties" in out or "unevaluatedItems" in out
+    for k in _VACUOUS_WHEN_TRUE:
+        if k in out and (out[k] is True or out[k] == {}) and not (
+                unevaluated and k != "propertyNames"):
+            del out[k]
+    if out.get("uniqueItems") is False:
+        del out["uniqueItems"]
+    if out.get("not") is False:
+        del out["not"]
+    if out.get("propertyNames") is False:
+        del out["propertyNames"]
+        out["maxProperties"] = 0
+    for k in ("dependentSchemas", "dependentRequired"):
+        if isinstance(out.get(k), Mapping):
+            kept = {n: v for n, v in out[k].items() if v is not True and v != {} and v != []}
+            if kept:
+                out[k] = kept
+            else:
+                del out[k]
+    if unevaluated:
+        pass  # `contains` evaluates the items it matches
+    elif "contains" not in out:
+        out.pop("minContains", None)
+        out.pop("maxContains", None)
+    else:
+        least = out.get("minContains", 1)
+        most = out.get("maxContains")
+        if not isinstance(least, int) or not (most is None or isinstance(most, int)):
+            return out if out != s else s
+        if least == 0 and most is None:
+            for k in ("contains", "minContains"):
+                out.pop(k, None)
+        elif out["contains"] is True or out["contains"] == {}:
+            # Every item matches: the counts bound the length.
+            for k in ("contains", "minContains", "maxContains"):
+                out.pop(k, None)
+            out["minItems"] = max(out.get("minItems", 0), least)
+            if most is not None:
+                out["maxItems"] = min(out.get("maxItems", most), most)
+        elif out["contains"] is False:
+            for k in ("contains", "minContains", "maxContains"):
+                out.pop(k, None)
+            if least > 0:  # no array can hold a match
+                out = merge(out, {"type": [t for t in _TYPES if t != "array"]}, _no_inline)
+    return out if json.dumps(out) != json.dumps(s) else s
+
+
+#: Keywords whose subschemas are negated by some rewrite (lowered exactly).
+_NEGATED = frozenset(("not", "if", "oneOf", "contains"))
+#: Suffix of the exact form of a ``$defs`` entry whose lowering was narrowed.
+_EXACT = "_exact"
+
+
+def _retarget(s: Any, narrowed: set[str], *, exact: bool) -> Any:
+    """``s`` with every ``$ref`` to a narrowed definition in a negated position (or
+    anywhere, with ``exact``) pointing at the definition's exact form."""
+    if not isinstance(s, dict):
+        return s
+    ref = s.get("$ref")
+    if exact and isinstance(ref, str) and ref.startswith("#/$defs/") and (
+            ref[len("#/$defs/"):] in narrowed):
+        s = {**s, "$ref": f"{ref}{_EXACT}"}
+    out = dict(s)
+    for key in _SUB:
+        if key in s and isinstance(s[key], Mapping):
+            out[key] = _retarget(s[key], narrowed, exact=exact or key in _NEGATED)
+    for key in _MAPS:
+        if key != "$defs" and isinstance(s.get(key), Mapping):
+            out[key] = {k: _retarget(v, narrowed, exact=exact) for k, v in s[key].items()}
+    for key in (*_LISTS, "items"):
+        if isinstance(s.get(key), list):
+            out[key] = [_retarget(v, narrowed, exact=exact or key in _NEGATED) for v in s[key]]
+    return out
 
 
 def _map_bottom_up(s: Any, fn: Any) -> Any:
@@ -694,9 +969,11 @@ _NEG_COUNT = {"minLength": ("maxLength", "string", -1), "maxLength": ("minLength
               "maxProperties": ("minProperties", "object", 1)}
 
 
-def negate(s: Any, inline: Any) -> Any:
+def negate(s: Any, inline: Any, *, subset: bool = False) -> Any:
     """A schema accepting exactly the instances ``s`` rejects; raises _NotExact for forms
-    without a keyword-level complement."""
+    without a keyword-level complement. ``subset``: where a part of the complement cannot be
+    written, leave it out (the result then accepts only instances ``s`` rejects, but not all
+    of them)."""
     if s is True or s == {}:
         return False
     if s is False:
@@ -706,53 +983,103 @@ def negate(s: Any, inline: Any) -> Any:
     s = {k: v for k, v in s.items() if k not in _ANNOTATIONS and k != "$defs"}
     if "$ref" in s:
         target = inline(s.pop("$ref"))
-        return negate(merge(s, target, inline), inline)
+        return negate(merge(s, target, inline), inline, subset=subset)
     parts: list[Any] = []  # the instance is rejected iff one of these holds
     for k, v in s.items():
-        if k == "type":
-            ts = _types(s) or set()
-            if "integer" in ts and "number" not in ts:
-                raise _NotExact("not integer")
-            rest = [t for t in _TYPES if t not in ts and not (t == "number" and "integer" in ts)]
-            parts.append({"type": _type_list(set(rest))} if rest else False)
-        elif k in _NEG_BOUND:
-            other, fam = _NEG_BOUND[k]  # other types satisfy the bound vacuously
-            parts.append({"type": fam, other: v})
-        elif k in _NEG_COUNT:
-            other, fam, step = _NEG_COUNT[k]
-            if v + step >= 0:  # (minLength: 0 always holds)
-                parts.append({"type": fam, other: v + step})
-        elif k == "required":
-            parts += [{"type": "object", "properties": {name: False}} for name in v]
-        elif k in ("enum", "const"):
-            values = v if k == "enum" else [v]
-            kinds = {"null" if x is None else "boolean" if isinstance(x, bool) else "other"
-                     for x in values}
-            if "other" in kinds:
-                raise _NotExact("complement of an enum of strings, numbers or containers")
-            left = [x for x in (None, True, False) if _key(x) not in {_key(y) for y in values}]
-            parts.append({"type": ["object", "array", "string", "number"]})
-            if left:
-                parts.append({"enum": left})
-        elif k == "properties":
-            for name, sub in v.items():
-                neg = negate(sub, inline)
-                if neg is not False:
-                    parts.append({"type": "object", "required": [name],
-                                  "properties": {name: neg}})
-        elif k == "not":
-            parts.append(v)
-        elif k == "anyOf":
-            acc: Any = True
-            for b in v:
-                acc = merge(acc, negate(b, inline), inline)
-            parts.append(acc)
-        else:
-            raise _NotExact(f"not of {k}")
+        try:
+            parts += _negated_keyword(k, v, s, inline, subset)
+        except _NotExact:
+            if not subset:
+                raise
     parts = [p for p in parts if p is not False]
     if not parts:
         return False
     return parts[0] if len(parts) == 1 else {"anyOf": parts}
+
+
+def _negated_keyword(k: str, v: Any, s: Mapping[str, Any], inline: Any,
+                     subset: bool) -> list[Any]:
+    """Schemas whose union is the set of instances keyword ``k: v`` of ``s`` rejects."""
+    if k == "type":
+        ts = _types(s) or set()
+        if "integer" in ts and "number" not in ts and not subset:
+            raise _NotExact("not integer")  # fractions have no type of their own
+        # (with subset: no numbers at all)
+        rest = [t for t in _TYPES if t not in ts and not (t == "number" and "integer" in ts)]
+        return [{"type": _type_list(set(rest))}] if rest else []
+    if k in _NEG_BOUND:
+        other, fam = _NEG_BOUND[k]  # other types satisfy the bound vacuously
+        return [{"type": fam, other: v}]
+    if k in _NEG_COUNT:
+        other, fam, step = _NEG_COUNT[k]
+        return [{"type": fam, other: v + step}] if v + step >= 0 else []  # minLength: 0 holds
+    if k == "required":
+        return [{"type": "object", "properties": {name: False}} for name in v]
+    if k in ("enum", "const"):
+        return _other_values(v if k == "enum" else [v], subset)
+    if k == "properties":
+        out = []
+        for name, sub in v.items():
+            neg = negate(sub, inline, subset=subset)
+            if neg is not False:
+                out.append({"type": "object", "required": [name], "properties": {name: neg}})
+        return out
+    if k == "not":
+        return [v]
+    if k == "anyOf":
+        acc: Any = True
+        for b in v:
+            acc = merge(acc, negate(b, inline, subset=subset), inline)
+        return [acc]
+    raise _NotExact(f"not of {k}")
+
+
+_LENGTH = {"string": ("minLength", "maxLength"), "array": ("minItems", "maxItems"),
+           "object": ("minProperties", "maxProperties")}
+
+
+def _other_values(values: list[Any], subset: bool) -> list[Any]:
+    """Schemas whose union is every JSON value not in ``values`` (numbers as intervals
+    between them; with ``subset``, strings, arrays and objects of other lengths only)."""
+    by_type: dict[str, list[Any]] = {}
+    for x in values:
+        t = ("null" if x is None else "boolean" if isinstance(x, bool) else
+             "number" if isinstance(x, (int, float)) else "string" if isinstance(x, str) else
+             "array" if isinstance(x, list) else "object")
+        by_type.setdefault(t, []).append(x)
+    out: list[Any] = []
+    free = [t for t in _TYPES if t not in by_type]
+    if free:
+        out.append({"type": _type_list(set(free))})
+    taken = {_key(y) for y in values}
+    literals = [x for x in (None, True, False)
+                if ("null" if x is None else "boolean") in by_type and _key(x) not in taken]
+    if literals:
+        out.append({"enum": literals})
+    if "number" in by_type:
+        points = sorted({float(x) for x in by_type["number"]})
+        if any(math.isinf(p) or math.isnan(p) for p in points):
+            raise _NotExact("non-finite number")
+        out.append({"type": "number", "exclusiveMaximum": _num(points[0])})
+        out += [{"type": "number", "exclusiveMinimum": _num(lo), "exclusiveMaximum": _num(hi)}
+                for lo, hi in zip(points, points[1:])]
+        out.append({"type": "number", "exclusiveMinimum": _num(points[-1])})
+    for t, (lo_kw, hi_kw) in _LENGTH.items():
+        if t not in by_type:
+            continue
+        if not subset:
+            raise _NotExact(f"complement of a {t} value")
+        # Values of other lengths: a subset of the complement.
+        lengths = sorted({len(x) for x in by_type[t]})
+        out += [{"type": t, hi_kw: lengths[0] - 1}] if lengths[0] > 0 else []
+        out += [{"type": t, lo_kw: a + 1, hi_kw: b - 1} for a, b in zip(lengths, lengths[1:])
+                if b - a > 1]
+        out.append({"type": t, lo_kw: lengths[-1] + 1})
+    return out
+
+
+def _num(x: float) -> int | float:
+    return int(x) if x.is_integer() and abs(x) < 2**53 else x
 
 
 # -- soundness checks ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import urllib.parse
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -278,8 +279,14 @@ def _validate_refs(schema: Any, base: str) -> None:
             f"a JSON schema must be an object or a bool, got {type(schema).__name__}",
             pointer=base or "/",
         )
-    for pointer, key, ref in _iter_refs(schema, base):
-        if not isinstance(ref, str) or not ref.startswith("#"):
+    refs = list(_iter_refs(schema, base))
+    resources = {_LOCAL_BASE, *(uri for _, key, uri in refs if key == "$id")}
+    for pointer, key, ref in refs:
+        if key == "$id":
+            continue
+        # Local: a fragment of this document, or a resource it embeds under an `$id`.
+        local = isinstance(ref, str) and (ref.startswith("#") or ref.split("#")[0] in resources)
+        if not local:
             raise GrammarSpecError(
                 f"remote {key} {ref!r:.200} is not supported (remote references are never "
                 "fetched)", pointer=pointer,
@@ -314,36 +321,48 @@ _DATA_KEYWORDS = frozenset(("enum", "const", "default", "examples"))
 #: Keywords whose values map names (chosen by the user) to schemas.
 _NAMED_SCHEMA_KEYWORDS = frozenset(("properties", "patternProperties", "$defs", "definitions",
                                     "dependentSchemas", "dependencies"))
+#: The base URI of a schema without ``$id``: references resolve against it, and nothing can
+#: be fetched from it.
+_LOCAL_BASE = "https://portable-guided.invalid/root.json"
 #: Keywords that reference other schemas by URI.
 _REF_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
 
 
 def _iter_refs(node: Any, pointer: str) -> Iterator[tuple[str, str, Any]]:
-    """Every reference keyword of the schema ``node``: (pointer, keyword, value).
+    """Every reference keyword of the schema ``node`` and every embedded resource:
+    (pointer, keyword, value), a reference's value made absolute against the base URI of the
+    schema holding it (relative to :data:`_LOCAL_BASE` when no ``$id`` sets one); for
+    ``$id``, the resource's absolute URI.
 
     Walks the schema's structure: the names under ``properties`` (and the like) are user
     data, so a property named ``default`` or ``enum`` is searched like any other, while the
     values of data keywords (``enum``, ``const``, ``default``, ``examples``) are skipped.
     """
-    stack: list[tuple[Any, str]] = [(node, pointer)]
+    stack: list[tuple[Any, str, str]] = [(node, pointer, _LOCAL_BASE)]
     while stack:
-        schema, where = stack.pop()
+        schema, where, base = stack.pop()
         if isinstance(schema, list):
-            stack.extend((v, f"{where}/{i}") for i, v in enumerate(schema))
+            stack.extend((v, f"{where}/{i}", base) for i, v in enumerate(schema))
             continue
         if not isinstance(schema, Mapping):
             continue
+        own_id = schema.get("$id")
+        if isinstance(own_id, str) and not own_id.startswith("#"):
+            base = urllib.parse.urljoin(base, own_id).split("#")[0]
+            yield f"{where}/$id", "$id", base
         for key, value in schema.items():
             child = f"{where}/{_escape(str(key))}"
             if key in _REF_KEYWORDS:
+                if isinstance(value, str) and not value.startswith("#"):
+                    value = urllib.parse.urljoin(base, value)
                 yield child, key, value
             elif key in _DATA_KEYWORDS:
                 continue
             elif key in _NAMED_SCHEMA_KEYWORDS and isinstance(value, Mapping):
-                stack.extend((sub, f"{child}/{_escape(str(name))}")
+                stack.extend((sub, f"{child}/{_escape(str(name))}", base)
                              for name, sub in value.items())
             else:
-                stack.append((value, child))
+                stack.append((value, child, base))
 
 
 def _escape(part: Any) -> str:

@@ -1,5 +1,5 @@
-"""MaskBench on a CI-sized sample, through the CLI: the runtime must behave exactly like the
-raw library it wraps, schema by schema."""
+"""MaskBench on a CI-sized sample, through the CLI, and the raw baselines: the libraries
+called on the user's schema as vLLM calls them."""
 
 from __future__ import annotations
 
@@ -41,13 +41,30 @@ def test_maskbench_sample_matches_raw_libraries(tmp_path):
     assert s["compiled"] + s["compile_errors"] + s["timeouts"] == 8
     assert 0 < s["valid_ok"] + s["invalid_ok"] <= s["tests"]
     by_mode = {res["mode"]: res["per_schema"], **res["per_schema_by_mode"]}
-    for engine in ("xgrammar", "llguidance"):
-        ours = [(r["id"], r["status"], r["valid_ok"], r["invalid_ok"])
-                for r in by_mode[f"runtime:{engine}"]]
-        raw = [(r["id"], r["status"], r["valid_ok"], r["invalid_ok"])
-               for r in by_mode[f"raw:{engine}"]]
-        assert ours == raw, engine
-        assert res["modes"][f"runtime:{engine}"]["tokens"] == res["modes"][f"raw:{engine}"]["tokens"]
+    for mode in ("runtime:xgrammar", "runtime:llguidance", "raw:xgrammar", "raw:llguidance"):
+        assert [r["id"] for r in by_mode[mode]] == [r["id"] for r in res["per_schema"]], mode
+
+
+def test_raw_modes_call_the_libraries_on_the_users_schema():
+    """Raw baselines are what vLLM gets: xgrammar's strict_mode forbids undeclared
+    properties and it reads an overlapping oneOf as anyOf; llguidance refuses that oneOf.
+    The runtime does neither (one JSON-schema language; exclusive oneOf branches)."""
+    from portable_guided.harness.maskbench import run_mode
+    from portable_guided.runtime import load_tokenizer_info
+
+    info = load_tokenizer_info("smollm2")
+    records = [
+        {"id": "open", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}},
+         "tests": [{"valid": True, "data": {"a": 1, "b": 2}}]},
+        {"id": "oneOf", "schema": {"oneOf": [{"type": "integer"}, {"minimum": 2}]},
+         "tests": [{"valid": False, "data": 3}, {"valid": True, "data": 1}]},
+    ]
+    ok = {mode: [(r["valid_ok"], r["invalid_ok"]) for r in
+                 run_mode(mode, records, info, timeout_s=20)["per_schema"]]
+          for mode in ("raw:xgrammar", "raw:llguidance", "runtime:auto")}
+    assert ok["raw:xgrammar"] == [(0, 0), (1, 0)]  # strict; 3 (both branches) accepted
+    assert ok["raw:llguidance"] == [(1, 0), (0, 0)]  # oneOf refused without coerce_one_of
+    assert ok["runtime:auto"] == [(1, 0), (1, 1)]
 
 
 def test_bad_arguments(tmp_path, capsys):

@@ -155,6 +155,12 @@ class Engine(ABC):
     def compile(self, spec: GrammarSpec) -> Any:
         """Compile ``spec`` in this thread; raises on an invalid grammar."""
 
+    def compile_raw(self, spec: GrammarSpec) -> Any:
+        """The library's own compile of a ``json_schema`` spec on the user's schema text,
+        called as vLLM calls it: no lowering, no refusals, no empty-language check. For
+        baselines (``bench maskbench --raw``), never for serving."""
+        raise UnsupportedSpec(f"{type(self).__name__} has no raw JSON-schema compile")
+
     @abstractmethod
     def serialize(self, compiled: Any) -> str:
         """A text form of ``compiled`` that :meth:`deserialize` reads back."""

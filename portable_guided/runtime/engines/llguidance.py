@@ -8,7 +8,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..json_lowering import engine_schema_text, unsound
+from ..json_lowering import engine_schema_text, refuse_unsatisfiable, unsound
 from ..specs import GrammarSpec
 from .base import Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
 
@@ -212,6 +212,7 @@ class LLGuidanceEngine(Engine):
                      "coerce_one_of": True}
         if kind == "json_schema":
             text = engine_schema_text(spec.engine_schema_text())
+            refuse_unsatisfiable(text)
             problems = unsound(json.loads(text))
             if problems:
                 more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
@@ -245,6 +246,14 @@ class LLGuidanceEngine(Engine):
         if matcher.is_error():
             raise ValueError(matcher.get_error())
         return _Compiled(grammar, matcher)
+
+    def compile_raw(self, spec: GrammarSpec) -> Any:
+        if spec.kind != "json_schema":
+            raise UnsupportedSpec(f"raw compile takes json_schema specs, got {spec.kind!r}")
+        # vLLM's guidance backend: llguidance's own defaults, flexible whitespace.
+        return self._load(str(self._llg.LLMatcher.grammar_from_json_schema(
+            spec.text, defaults={"whitespace_flexible": bool(spec.option("any_whitespace",
+                                                                          True))})))
 
     def serialize(self, compiled: Any) -> str:
         return str(compiled.grammar)

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..json_lowering import engine_schema_text, unsound, xgrammar_escapes
+from ..json_lowering import engine_schema_text, refuse_unsatisfiable, unsound, xgrammar_escapes
 from ..json_semantics import xgrammar_unsupported
 from ..specs import GrammarSpec
 from .base import Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
@@ -156,6 +156,7 @@ class XGrammarEngine(Engine):
             # `items` declares), and keywords xgrammar would ignore make it refuse. The
             # schema is lowered first (exact rewrites, json_lowering).
             text = engine_schema_text(spec.engine_schema_text())
+            refuse_unsatisfiable(text)
             schema = json.loads(text)
             problems = [*unsound(schema), *xgrammar_escapes(schema),
                         *xgrammar_unsupported(schema)]
@@ -180,6 +181,13 @@ class XGrammarEngine(Engine):
         if kind == "structural_tag":
             return c.compile_structural_tag(xgrammar_structural_tag(data))
         raise ValueError(f"xgrammar engine: unknown spec kind {kind!r}")
+
+    def compile_raw(self, spec: GrammarSpec) -> Any:
+        if spec.kind != "json_schema":
+            raise UnsupportedSpec(f"raw compile takes json_schema specs, got {spec.kind!r}")
+        # vLLM's xgrammar backend: xgrammar's default strict_mode (True).
+        return self._compiler.compile_json_schema(
+            spec.text, any_whitespace=spec.option("any_whitespace", True))
 
     def serialize(self, compiled: Any) -> str:
         return str(compiled.serialize_json())
