@@ -43,7 +43,8 @@ _log = logging.getLogger(__name__)
 
 _SUB = ("additionalProperties", "items", "contains", "not", "if", "then", "else",
         "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems")
-_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+         "dependencies")
 _LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _DATA = ("enum", "const", "default", "examples")
 
@@ -65,6 +66,13 @@ _ANNOTATIONS = frozenset(("title", "description", "default", "examples", "$comme
 _IN_PLACE = frozenset(("allOf", "anyOf", "oneOf", "not", "if", "then", "else",
                        "dependentSchemas"))
 _DEFAULT_BASE = "https://portable-guided.invalid/root.json"
+#: The formats JSON Schema 2020-12 defines. Others are custom: annotations that an
+#: implementation which does not know them must not validate (section 7.2.3), so they are
+#: dropped; the standard ones are enforced, or refused where no engine can.
+STANDARD_FORMATS = frozenset((
+    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname",
+    "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template",
+    "json-pointer", "relative-json-pointer", "regex"))
 #: Formats whose ASCII form accepts a subset of their values.
 _ASCII_FORMAT = {"idn-email": "email", "idn-hostname": "hostname", "iri": "uri",
                  "iri-reference": "uri-reference"}
@@ -118,12 +126,60 @@ def lower(schema: Any, *, approximate: bool = False) -> Any:
     promise."""
     if not isinstance(schema, Mapping):
         return schema
+    if not _needs_lowering(schema):
+        return schema  # (most schemas: one cheap walk instead of a copy and every step)
     doc = _hoist_refs(copy.deepcopy(dict(schema)))
     lowerer = _Lowerer(doc, approximate=approximate)
     out = lowerer.run()
     for where in lowerer.approximated:
         _log.info("schema narrowed to a sound subset: %s", where)
     return out
+
+
+#: Keywords some rewrite acts on: a schema without them (and without the forms
+#: :func:`_needs_lowering` also looks for) lowers to itself.
+_ACTED_ON = frozenset(("$ref", "$id", "$anchor", "$dynamicAnchor", "$dynamicRef", "allOf", "anyOf",
+                       "oneOf", "not", "if", "then", "else", "dependentRequired",
+                       "dependentSchemas", "unevaluatedProperties", "unevaluatedItems",
+                       "contains", "minContains", "maxContains", "propertyNames", "uniqueItems",
+                       "$defs", "definitions", "dependencies"))
+
+
+def _needs_lowering(schema: Mapping[str, Any]) -> bool:
+    """Whether :func:`lower` can change ``schema``: a keyword some rewrite acts on, a count
+    written as a float, a ``true``/``{}`` subschema, a format with an ASCII form, or
+    keywords of one instance type without ``type`` (split per type)."""
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, Mapping):
+            if node is False or node is True:
+                continue
+            return True  # not a schema: let the rewrites decide
+        keys = node.keys()
+        fmt = node.get("format")
+        if keys & _ACTED_ON or fmt in _ASCII_FORMAT or fmt == "date" or (
+                isinstance(fmt, str) and fmt not in STANDARD_FORMATS):
+            return True
+        if "type" not in node and "enum" not in node and "const" not in node and any(
+                k in _FAMILY for k in keys):
+            return True
+        for k in _COUNTS:
+            if isinstance(node.get(k), float):
+                return True
+        for key in _SUB:
+            if key in node:
+                sub = node[key]
+                if sub is True or sub == {}:
+                    return True
+                stack.append(sub)
+        for key in _MAPS:
+            if isinstance(node.get(key), Mapping):
+                stack.extend(node[key].values())
+        for key in (*_LISTS, "items"):
+            if isinstance(node.get(key), list):
+                stack.extend(node[key])
+    return False
 
 
 # -- references ------------------------------------------------------------------------------
@@ -259,6 +315,11 @@ class _Lowerer:
         self.doc = doc
         self.approximate = approximate
         self.approximated: list[str] = []
+        # Definitions are lowered once, whoever refers to them: with unevaluated* anywhere,
+        # no rewrite that changes what a schema evaluates may run on any of them.
+        text = json.dumps(doc)
+        self.annotations_matter = '"unevaluatedProperties"' in text or (
+            '"unevaluatedItems"' in text)
         self.defs: dict[str, Any] = dict(doc.get("$defs") or {}) if isinstance(
             doc.get("$defs"), Mapping) else {}
         self._lowered: dict[str, Any] = {}
@@ -288,10 +349,25 @@ class _Lowerer:
                 root = _retarget(root, narrowed, exact=False)
                 out_defs = {n: _retarget(d, narrowed, exact=n.endswith(_EXACT))
                             for n, d in out_defs.items()}
+                # Exact copies nothing reaches are dropped (unsound() would read them).
+                reached, todo = set(), list(_refs(root))
+                while todo:
+                    name = todo.pop().rsplit("/", 1)[-1]
+                    if name in out_defs and name not in reached:
+                        reached.add(name)
+                        todo += _refs(out_defs[name])
+                out_defs = {n: d for n, d in out_defs.items()
+                            if not n.endswith(_EXACT) or n in reached}
             if isinstance(root, dict):
                 root["$defs"] = out_defs
         # Last, as a pass of its own: split schemas merge less well.
-        return _map_bottom_up(root, self._split_types)
+        return _map_bottom_up(root, self._finish)
+
+    def _finish(self, s: dict[str, Any]) -> Any:
+        out = self._split_types(s)
+        if out is not s:  # the per-type branches are new: dates among them too
+            out["anyOf"] = [_date_as_pattern(b) for b in out["anyOf"]]
+        return _date_as_pattern(out)
 
     @contextlib.contextmanager
     def _exact(self) -> Iterator[None]:
@@ -374,6 +450,9 @@ class _Lowerer:
             # Subsets would change which properties and items count as evaluated.
             steps = tuple(st for st in steps if st not in (
                 self._not, self._if_then_else, self._one_of_exclusive, self._contains))
+        if self.annotations_matter:
+            steps = tuple(st for st in steps if st not in (self._one_of_exclusive,
+                                                           self._contains))
         for step in steps:
             try:
                 out = step(s)
@@ -553,25 +632,30 @@ class _Lowerer:
         be written, then whole alternatives where the product grows past MAX_BRANCHES)."""
         branches = s.get("oneOf")
         if not isinstance(branches, list) or len(branches) < 2 or (
-                set(s) - _ANNOTATIONS - {"oneOf", "$defs"}) or _pairwise_disjoint(
-                    branches, self.defs):
+                set(s) - _ANNOTATIONS - {"oneOf", "$defs"}):
             return s
+        if _pairwise_disjoint(branches, self.defs):
+            if not self.approximate:
+                return s
+            # The branches (lowered exactly) never overlap: anyOf, whose branches are
+            # positive and may then be narrowed.
+            return {**{k: v for k, v in s.items() if k != "oneOf"}, "anyOf": branches}
         exact = True
-        negations = []
-        for b in branches:
-            try:
-                negations.append(negate(b, self.inline_exact))
-            except _NotExact:
-                if not self.approximate:
-                    raise
-                exact = False
-                negations.append(negate(b, self.inline_exact, subset=True))
         out = []
         for i, b in enumerate(branches):
             acc: Any = b
-            for j, neg in enumerate(negations):
+            for j, other in enumerate(branches):
                 if j == i or acc is False:
                     continue
+                try:
+                    neg = negate(other, self.inline_exact)
+                except _NotExact:
+                    if not self.approximate:
+                        raise
+                    exact = False
+                    # Names b declares help say how an object falls outside `other`.
+                    neg = negate(other, self.inline_exact, subset=True,
+                                 names=_declared(b))
                 try:
                     acc = merge(acc, neg, self.inline)
                 except _NotExact:
@@ -674,6 +758,11 @@ _VACUOUS_WHEN_TRUE = ("additionalProperties", "items", "propertyNames", "unevalu
                       "unevaluatedItems")
 
 
+_VACUOUS_KEYS = frozenset((*_COUNTS, *_VACUOUS_WHEN_TRUE, "uniqueItems", "not", "propertyNames",
+                           "dependentSchemas", "dependentRequired", "contains", "format",
+                           "dependencies"))
+
+
 def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
     """Keywords that constrain nothing or have a plainer equal form: counts written as
     floats (``2.0``), ``true`` subschemas, ``uniqueItems: false``, ``propertyNames: false``
@@ -681,7 +770,23 @@ def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
     ``minContains``/``maxContains`` without ``contains``. ``evaluated_matters``: an
     ``unevaluated*`` keyword sees what ``s`` evaluates, so ``true`` subschemas that
     evaluate everything (``items``, ``additionalProperties``, ``unevaluated*``) stay."""
+    if not s.keys() & _VACUOUS_KEYS:
+        return s
     out = dict(s)
+    fmt = out.get("format")
+    if isinstance(fmt, str) and fmt not in STANDARD_FORMATS:
+        del out["format"]  # a custom format: an annotation
+    deps = out.get("dependencies")
+    if isinstance(deps, Mapping) and "dependentRequired" not in out and (
+            "dependentSchemas" not in out):
+        # The draft 4-7 keyword, split as 2019-09 did.
+        del out["dependencies"]
+        required = {n: v for n, v in deps.items() if isinstance(v, list)}
+        schemas = {n: v for n, v in deps.items() if not isinstance(v, list)}
+        if required:
+            out["dependentRequired"] = required
+        if schemas:
+            out["dependentSchemas"] = schemas
     for k in _COUNTS:
         v = out.get(k)
         if isinstance(v, float) and v.is_integer():
@@ -759,6 +864,30 @@ def _retarget(s: Any, narrowed: set[str], *, exact: bool) -> Any:
     for key in (*_LISTS, "items"):
         if isinstance(s.get(key), list):
             out[key] = [_retarget(v, narrowed, exact=exact or key in _NEGATED) for v in s[key]]
+    return out
+
+
+#: RFC 3339 full-date, calendar exact (days per month, leap years): both engines' own
+#: ``date`` accepts 2023-02-29, and xgrammar's 2022-02-30 too.
+DATE_PATTERN = (r"^(\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)"
+                r"|02-(0[1-9]|1\d|2[0-8]))|(\d{2}(0[48]|[2468][048]|[13579][26])"
+                r"|([02468][048]|[13579][26])00)-02-29)$")
+
+
+def _date_as_pattern(s: Any) -> Any:
+    """A schema with ``format: date`` (and no ``pattern``) and a ``type`` that includes
+    strings, with :data:`DATE_PATTERN` instead (both apply to strings only); a date has 10
+    characters, so length bounds either hold or leave no string."""
+    types = _types(s) if isinstance(s, dict) else None
+    if types is None or "string" not in types or s.get("format") != "date" or "pattern" in s:
+        return s
+    out = {k: v for k, v in s.items() if k not in ("format", "minLength", "maxLength")}
+    if s.get("minLength", 0) <= 10 <= s.get("maxLength", 10):
+        out["pattern"] = DATE_PATTERN
+        return out
+    if types == {"string"}:
+        return False
+    out["type"] = _type_list(types - {"string"})
     return out
 
 
@@ -893,6 +1022,10 @@ def merge(a: Any, b: Any, inline: Any, *, host: bool = False) -> Any:
                     out["prefixItems"][i] = merge(out["prefixItems"][i], other["items"], inline)
     if out.get("enum") == []:
         return False
+    props = out.get("properties")
+    if isinstance(props, Mapping) and _types(out) == {"object"} and any(
+            props.get(n) is False for n in out.get("required", [])):
+        return False  # a required property no value satisfies: no object is valid
     if "type" in out:
         types = _types(out) or set()
         if not types:
@@ -969,11 +1102,12 @@ _NEG_COUNT = {"minLength": ("maxLength", "string", -1), "maxLength": ("minLength
               "maxProperties": ("minProperties", "object", 1)}
 
 
-def negate(s: Any, inline: Any, *, subset: bool = False) -> Any:
+def negate(s: Any, inline: Any, *, subset: bool = False, names: tuple[str, ...] = ()) -> Any:
     """A schema accepting exactly the instances ``s`` rejects; raises _NotExact for forms
     without a keyword-level complement. ``subset``: where a part of the complement cannot be
     written, leave it out (the result then accepts only instances ``s`` rejects, but not all
-    of them)."""
+    of them); ``names``: property names whose presence violates ``additionalProperties:
+    false`` where ``s`` does not declare them (a part of that complement)."""
     if s is True or s == {}:
         return False
     if s is False:
@@ -982,8 +1116,13 @@ def negate(s: Any, inline: Any, *, subset: bool = False) -> Any:
         raise _NotExact("not a schema")
     s = {k: v for k, v in s.items() if k not in _ANNOTATIONS and k != "$defs"}
     if "$ref" in s:
-        target = inline(s.pop("$ref"))
-        return negate(merge(s, target, inline), inline, subset=subset)
+        try:
+            target = inline(s.pop("$ref"))
+        except _NotExact:
+            if not subset:
+                raise
+            return False  # a recursive target: no part of its complement is written
+        return negate(merge(s, target, inline), inline, subset=subset, names=names)
     parts: list[Any] = []  # the instance is rejected iff one of these holds
     for k, v in s.items():
         try:
@@ -991,10 +1130,24 @@ def negate(s: Any, inline: Any, *, subset: bool = False) -> Any:
         except _NotExact:
             if not subset:
                 raise
+            if k == "additionalProperties" and v is False and not s.get("patternProperties"):
+                declared = s.get("properties") or {}
+                parts += [{"type": "object", "required": [n]} for n in names
+                          if n not in declared]
     parts = [p for p in parts if p is not False]
     if not parts:
         return False
     return parts[0] if len(parts) == 1 else {"anyOf": parts}
+
+
+def _declared(s: Any) -> tuple[str, ...]:
+    """The property names ``s`` declares or requires."""
+    if not isinstance(s, Mapping):
+        return ()
+    props, req = s.get("properties"), s.get("required")
+    names = [*(props if isinstance(props, Mapping) else ()),
+             *(n for n in (req if isinstance(req, list) else ()) if isinstance(n, str))]
+    return tuple(dict.fromkeys(names))
 
 
 def _negated_keyword(k: str, v: Any, s: Mapping[str, Any], inline: Any,
@@ -1083,14 +1236,31 @@ def _num(x: float) -> int | float:
 
 
 # -- soundness checks ------------------------------------------------------------------------
-def _value_types(s: Mapping[str, Any]) -> set[str] | None:
-    """The instance types ``s`` can accept (number split into integer and fraction)."""
+def _value_types(s: Mapping[str, Any], defs: Mapping[str, Any] | None = None,
+                 depth: int = 0) -> set[str] | None:
+    """The instance types ``s`` can accept (number split into integer and fraction); None
+    when any type may be. An ``anyOf``/``oneOf`` accepts the types its branches accept."""
     out: set[str] | None = None
+    for key in ("anyOf", "oneOf"):
+        branches = s.get(key)
+        if isinstance(branches, list) and branches and defs is not None and depth < 8:
+            union: set[str] | None = set()
+            for b in branches:
+                b = _deref(b, defs) if isinstance(b, Mapping) else b
+                bt = (set() if b is False else None if not isinstance(b, Mapping)
+                      else _value_types(b, defs, depth + 1))
+                if bt is None or union is None:
+                    union = None
+                    break
+                union |= bt
+            if union is not None:
+                out = union if out is None else out & union
     ts = _types(s)
     if ts is not None:
-        out = set()
+        declared: set[str] = set()
         for t in ts:
-            out |= {"integer", "fraction"} if t == "number" else {t}
+            declared |= {"integer", "fraction"} if t == "number" else {t}
+        out = declared if out is None else out & declared
     values = s["enum"] if isinstance(s.get("enum"), list) else (
         [s["const"]] if "const" in s else None)
     if values is not None:
@@ -1129,7 +1299,7 @@ def disjoint(a: Any, b: Any, defs: Mapping[str, Any], depth: int = 0) -> bool:
     a, b = _deref(a, defs), _deref(b, defs)
     if a is None or b is None:
         return False
-    ta, tb = _value_types(a), _value_types(b)
+    ta, tb = _value_types(a, defs), _value_types(b, defs)
     common = (ta if ta is not None else {"null", "boolean", "object", "array", "string",
                                           "integer", "fraction"})
     if tb is not None:

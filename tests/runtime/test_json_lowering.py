@@ -27,7 +27,16 @@ SUITE = suite_dir()
 
 
 def _valid(schema, instance) -> bool:
-    return jsonschema.Draft202012Validator(schema).is_valid(instance)
+    # Formats are assertions, as the runtime enforces them (docs/runtime.md).
+    cls = jsonschema.Draft202012Validator
+    return cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(instance)
+
+
+def _unchecked_formats(schema) -> set[str]:
+    import re
+
+    known = jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers
+    return set(re.findall(r'"format": "([^"]+)"', json.dumps(schema))) - set(known)
 
 
 def _suite_groups():
@@ -40,6 +49,7 @@ def _suite_groups():
             # Remote references would be fetched by the validator: not local, not lowered.
             if "localhost:1234" in text or path.name in ("refRemote.json", "vocabulary.json"):
                 continue
+            group = {**group, "formats": path.name == "format.json"}
             out.append(pytest.param(group, id=f"{path.stem}-{i}"))
     return out
 
@@ -55,16 +65,22 @@ def test_lowering_keeps_the_suite_decisions(group):
     except re.error as exc:  # a pattern Python's re cannot read (\p{...})
         pytest.skip(f"the validator cannot read a pattern: {exc}")
     for test in group["tests"]:
-        assert _valid(lowered, test["data"]) == test["valid"], (test, lowered)
+        # format.json labels formats as annotations; here they are assertions.
+        expected = _valid(group["schema"], test["data"]) if group.get("formats") else test[
+            "valid"]
+        assert _valid(lowered, test["data"]) == expected, (test, lowered)
     narrowed = lower(group["schema"], approximate=True)
+    if _unchecked_formats(narrowed):
+        return  # the validator cannot check the format the subset uses
     for test in group["tests"]:
-        if not test["valid"]:
+        if not _valid(group["schema"], test["data"]) or not test["valid"]:
             assert not _valid(narrowed, test["data"]), (test, narrowed)
 
 
 # -- random schemas and instances ------------------------------------------------------------
 NAMES = ["a", "b", "c"]
-SCALARS = [None, True, False, 0, 1, 2, -1, 1.5, "", "a", "ab", "abc"]
+SCALARS = [None, True, False, 0, 1, 2, -1, 1.5, "", "a", "ab", "abc", "2024-02-29",
+           "2023-02-29"]
 
 instances = st.recursive(
     st.sampled_from(SCALARS),
@@ -208,6 +224,7 @@ CONCRETE = [
     {"const": "a"}, {"enum": [None, True]}, {"enum": ["a", 1]}, {"multipleOf": 2},
     {"dependentRequired": {"a": ["b"]}}, {"maxItems": 2.0}, {"minLength": 1.0},
     {"type": "integer"}, {"enum": ["ab", "a", 1.5]}, {"const": [0]}, {"const": {"a": 1}},
+    {"format": "date"}, {"type": ["string", "null"], "format": "date"},
 ]
 
 
@@ -366,12 +383,53 @@ def test_disjoint_is_never_wrong(a, b):
 
 def test_a_narrowed_definition_under_a_negation_keeps_its_exact_form():
     # x is recursive (its $ref stays) and narrowed ("not integer" has no exact form: the
-    # subset leaves 1.5 out). Under `not`, the narrowed x would let 1.5 through.
+    # subset leaves 1.5 out). Under `not` (kept: unevaluatedProperties beside it), the
+    # narrowed x would let 1.5 through.
     schema = {"$defs": {"x": {"anyOf": [{"not": {"type": "integer"}},
                                         {"type": "array", "items": {"$ref": "#/$defs/x"}}]}},
-              "not": {"$ref": "#/$defs/x"}, "type": ["number", "array"]}
+              "not": {"$ref": "#/$defs/x"}, "type": ["number", "array"],
+              "unevaluatedProperties": False}
     narrowed = lower(schema, approximate=True)
     assert narrowed["$defs"]["pg0"] != narrowed["$defs"]["pg0_exact"]
     for x in (1.5, 1, [1.5], [1], "a", [[1]]):
         assert not _valid(narrowed, x) or _valid(schema, x), (x, narrowed)
     assert _valid(narrowed, 1) and not _valid(narrowed, 1.5)
+
+
+def _full_lowering(schema):
+    import copy
+
+    from portable_guided.runtime import json_lowering as jl
+
+    return jl._Lowerer(jl._hoist_refs(copy.deepcopy(schema)), approximate=True).run()
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_schemas(), _schemas())
+def test_schemas_the_fast_path_skips_lower_to_themselves(schema, target):
+    """``lower`` returns a schema untouched when ``_needs_lowering`` says no rewrite can
+    change it; every rewrite agrees."""
+    from portable_guided.runtime.json_lowering import _needs_lowering
+
+    schema = _rooted(schema, target) if isinstance(schema, dict) and "$ref" in json.dumps(
+        schema) else schema
+    if not isinstance(schema, dict) or _needs_lowering(schema):
+        return
+    assert json.dumps(_full_lowering(schema)) == json.dumps(schema)
+
+
+@pytest.mark.skipif(not SUITE.is_dir(), reason=f"JSON Schema Test Suite not at {SUITE}")
+def test_suite_and_maskbench_schemas_the_fast_path_skips_lower_to_themselves():
+    from pathlib import Path
+
+    from portable_guided.runtime.json_lowering import _needs_lowering
+
+    schemas = [g["schema"] for path in sorted(SUITE.glob("*.json"))
+               for g in json.loads(path.read_text(encoding="utf-8"))]
+    maskbench = SUITE.parents[1] / "maskbench"
+    for path in sorted(Path(maskbench).glob("*.jsonl"))[:6]:
+        schemas += [json.loads(line)["schema"] for line in path.open(encoding="utf-8")][:300]
+    skipped = [s for s in schemas if isinstance(s, dict) and not _needs_lowering(s)]
+    assert len(skipped) > 100
+    for s in skipped:
+        assert json.dumps(_full_lowering(s)) == json.dumps(s), s
