@@ -28,6 +28,7 @@ from ..runtime.runtime import GrammarRuntime
 from ..runtime.specs import GrammarSpec
 from ..runtime.tokenizer_info import TokenizerInfo
 from ..runtime.worker import WorkerPool
+from .schema_suite import EMPTY_LANGUAGE
 
 __all__ = ["MODES", "load_records", "run_mode", "summarize", "summary_table"]
 
@@ -179,6 +180,11 @@ def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, 
                 continue
             except (GrammarCompileError, GrammarSpecError) as exc:
                 row.update(status="compile_error", error=str(exc)[:200])
+                if walker.kind == "runtime" and EMPTY_LANGUAGE in str(exc):
+                    # Refused as accepting no value: every instance is rejected.
+                    invalid = sum(not t["valid"] for t in rec.get("tests", []))
+                    row.update(status="empty", tests=len(rec.get("tests", [])),
+                               tests_ok=invalid, invalid_ok=invalid)
                 continue
             compile_times.append(seconds)
             row["compile_ms"] = round(seconds * 1e3, 3)
@@ -210,8 +216,10 @@ def summarize(per_schema: list[dict[str, Any]], compile_times: list[float],
         "schemas": len(per_schema),
         "compiled": len(compiled),
         "compile_errors": sum(r["status"] == "compile_error" for r in per_schema),
+        "empty": sum(r["status"] == "empty" for r in per_schema),
         "timeouts": sum(r["status"] == "timeout" for r in per_schema),
-        "passing": sum(r["status"] == "ok" and r["tests_ok"] == r["tests"] for r in per_schema),
+        "passing": sum(r["status"] in ("ok", "empty") and r["tests_ok"] == r["tests"]
+                       for r in per_schema),
         "valid_ok": sum(r["valid_ok"] for r in per_schema),
         "invalid_ok": sum(r["invalid_ok"] for r in per_schema),
         "tests": sum(r["tests"] for r in per_schema),

@@ -164,6 +164,13 @@ def _needs_lowering(schema: Mapping[str, Any]) -> bool:
         if "type" not in node and "enum" not in node and "const" not in node and any(
                 k in _FAMILY for k in keys):
             return True
+        if ("enum" in keys or "const" in keys) and (
+                keys - _ANNOTATIONS - {"enum", "const", "type"}):
+            return True  # the values the other keywords reject are dropped
+        props = node.get("properties")
+        if isinstance(props, Mapping) and isinstance(node.get("required"), list) and any(
+                props.get(n) is False for n in node["required"]):
+            return True
         for k in _COUNTS:
             if isinstance(node.get(k), float):
                 return True
@@ -438,21 +445,21 @@ class _Lowerer:
         """Apply the steps in order; a step that builds a new schema (a merge brings
         keywords together that may need lowering again) restarts from its children."""
         steps: tuple[Callable[[dict[str, Any]], Any], ...] = (
-                 self._drop_vacuous, self._drop_false_branches, self._merge_all_of, self._merge_ref,
+                 self._drop_vacuous, self._enum_filter, self._drop_false_branches, self._merge_all_of, self._merge_ref,
                  self._unevaluated, self._not, self._if_then_else, self._dependent,
                  self._distribute, self._one_of_by_type, self._one_of_exclusive,
                  self._contains, self._format_subset)
         if "unevaluatedProperties" in s or "unevaluatedItems" in s:
             # What is "evaluated" depends on the applicators beside: only rewrites that
             # keep it (merging allOf and $ref targets into this schema) run first.
-            steps = steps[:5]
+            steps = steps[:6]
         elif self.keep:
             # Subsets would change which properties and items count as evaluated.
             steps = tuple(st for st in steps if st not in (
                 self._not, self._if_then_else, self._one_of_exclusive, self._contains))
         if self.annotations_matter:
-            steps = tuple(st for st in steps if st not in (self._one_of_exclusive,
-                                                           self._contains))
+            steps = tuple(st for st in steps if st not in (
+                self._one_of_exclusive, self._contains, self._enum_filter))
         for step in steps:
             try:
                 out = step(s)
@@ -465,6 +472,29 @@ class _Lowerer:
     # -- steps (each returns the rewritten schema or raises _NotExact) -----------------------
     def _drop_vacuous(self, s: dict[str, Any]) -> Any:
         return _drop_vacuous(s, evaluated_matters=self.keep)
+
+    def _enum_filter(self, s: dict[str, Any]) -> Any:
+        """``enum``/``const`` beside other keywords as the ``enum`` of the values that the
+        whole schema accepts, decided by the ``jsonschema`` validator (formats asserted)
+        when it is installed; schemas with a ``$ref`` inside are left alone."""
+        values = s["enum"] if isinstance(s.get("enum"), list) else (
+            [s["const"]] if "const" in s else None)
+        rest = set(s) - _ANNOTATIONS - {"enum", "const", "$defs", "type"}
+        if values is None or not rest or self.keep or '"$ref"' in json.dumps(s):
+            return s
+        try:
+            from jsonschema import Draft202012Validator as Validator
+        except ImportError:
+            return s
+        check = {k: v for k, v in s.items() if k not in _ANNOTATIONS}
+        try:
+            validator = Validator(check, format_checker=Validator.FORMAT_CHECKER)
+            kept = [v for v in values if validator.is_valid(v)]
+        except Exception as exc:  # noqa: BLE001 - a schema the validator cannot read
+            raise _NotExact(f"validator: {type(exc).__name__}") from None
+        if not kept:
+            return False
+        return {**{k: v for k, v in s.items() if k in _ANNOTATIONS}, "enum": kept}
 
     def _drop_false_branches(self, s: dict[str, Any]) -> Any:
         for key in ("anyOf", "oneOf"):
@@ -551,6 +581,19 @@ class _Lowerer:
             if not isinstance(deps, Mapping):
                 continue
             rest = {k: v for k, v in out.items() if k != key}
+            listed = rest.get("required")
+            required: list[Any] = listed if isinstance(listed, list) else []
+            if _types(rest) == {"object"} and any(n in required for n in deps):
+                # A required property's dependency always applies: no branch needed.
+                for name in [n for n in deps if n in required]:
+                    need = deps[name]
+                    rest = ({**rest, "required": list(dict.fromkeys([*rest.get(
+                        "required", []), *need]))} if key == "dependentRequired"
+                        else merge(rest, need, self.inline))
+                    if not isinstance(rest, dict):
+                        return rest
+                left = {n: v for n, v in deps.items() if n not in required}
+                return {**rest, key: left} if left else rest
             for name, need in deps.items():
                 absent = {"properties": {name: False}}
                 present: Any = ({"required": [name, *need]} if key == "dependentRequired"
@@ -662,7 +705,7 @@ class _Lowerer:
                     if not self.approximate:
                         raise
                     exact = False
-                    acc = self._merge_some(acc, neg)
+                    acc = _merge_some(acc, neg, self.inline)
             if acc is not False:
                 out.append(acc)
         if not exact:
@@ -719,19 +762,6 @@ class _Lowerer:
         self.approximated.append(f"format {fmt} as {_ASCII_FORMAT[fmt]}")
         return {**s, "format": _ASCII_FORMAT[fmt]}
 
-    def _merge_some(self, acc: Any, neg: Any) -> Any:
-        """``acc`` and one alternative of ``neg`` (the first, simplest first, that merges):
-        a subset of ``acc`` and ``neg``."""
-        options = neg["anyOf"] if isinstance(neg, dict) and set(neg) == {"anyOf"} else [neg]
-        for option in sorted(options, key=lambda o: len(json.dumps(o))):
-            try:
-                out = merge(acc, option, self.inline)
-            except _NotExact:
-                continue
-            if out is not False:
-                return out
-        return False
-
     def _distribute(self, s: dict[str, Any]) -> Any:
         """``anyOf``/``oneOf`` beside other keywords: the keywords merged into each branch
         (conjunction distributes over both; a branch that becomes ``false`` is dropped)."""
@@ -760,7 +790,7 @@ _VACUOUS_WHEN_TRUE = ("additionalProperties", "items", "propertyNames", "unevalu
 
 _VACUOUS_KEYS = frozenset((*_COUNTS, *_VACUOUS_WHEN_TRUE, "uniqueItems", "not", "propertyNames",
                            "dependentSchemas", "dependentRequired", "contains", "format",
-                           "dependencies"))
+                           "dependencies", "required"))
 
 
 def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
@@ -772,6 +802,10 @@ def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
     evaluate everything (``items``, ``additionalProperties``, ``unevaluated*``) stay."""
     if not s.keys() & _VACUOUS_KEYS:
         return s
+    props = s.get("properties")
+    if isinstance(props, Mapping) and isinstance(s.get("required"), list) and (
+            _types(s) == {"object"}) and any(props.get(n) is False for n in s["required"]):
+        return False  # a required property no value satisfies: no object is valid
     out = dict(s)
     fmt = out.get("format")
     if isinstance(fmt, str) and fmt not in STANDARD_FORMATS:
@@ -1140,6 +1174,20 @@ def negate(s: Any, inline: Any, *, subset: bool = False, names: tuple[str, ...] 
     return parts[0] if len(parts) == 1 else {"anyOf": parts}
 
 
+def _merge_some(acc: Any, neg: Any, inline: Any) -> Any:
+    """``acc`` and one alternative of ``neg`` (the first, simplest first, that merges into
+    something satisfiable): a subset of ``acc`` and ``neg``."""
+    options = neg["anyOf"] if isinstance(neg, dict) and set(neg) == {"anyOf"} else [neg]
+    for option in sorted(options, key=lambda o: len(json.dumps(o))):
+        try:
+            out = merge(acc, option, inline)
+        except _NotExact:
+            continue
+        if out is not False:
+            return out
+    return False
+
+
 def _declared(s: Any) -> tuple[str, ...]:
     """The property names ``s`` declares or requires."""
     if not isinstance(s, Mapping):
@@ -1182,7 +1230,13 @@ def _negated_keyword(k: str, v: Any, s: Mapping[str, Any], inline: Any,
     if k == "anyOf":
         acc: Any = True
         for b in v:
-            acc = merge(acc, negate(b, inline, subset=subset), inline)
+            neg = negate(b, inline, subset=subset)
+            try:
+                acc = merge(acc, neg, inline)
+            except _NotExact:
+                if not subset:
+                    raise
+                acc = _merge_some(acc, neg, inline)
         return [acc]
     raise _NotExact(f"not of {k}")
 
@@ -1299,6 +1353,22 @@ def disjoint(a: Any, b: Any, defs: Mapping[str, Any], depth: int = 0) -> bool:
     a, b = _deref(a, defs), _deref(b, defs)
     if a is None or b is None:
         return False
+    for one, other in ((a, b), (b, a)):
+        # (x1 or x2) and y is empty iff each (xk and y) is: the branches with the keywords
+        # beside them (a oneOf accepts a subset of what the same anyOf accepts).
+        for key in ("anyOf", "oneOf"):
+            branches = one.get(key)
+            if isinstance(branches, list) and branches and depth < 4 and (
+                    len(branches) <= MAX_BRANCHES):
+                rest = {k: v for k, v in one.items() if k != key}
+                parts = []
+                for branch in branches:
+                    try:
+                        parts.append(merge(rest, branch, _no_inline))
+                    except _NotExact:
+                        parts.append(branch)  # a superset of the conjunction
+                if all(disjoint(p, other, defs, depth + 1) for p in parts):
+                    return True
     ta, tb = _value_types(a, defs), _value_types(b, defs)
     common = (ta if ta is not None else {"null", "boolean", "object", "array", "string",
                                           "integer", "fraction"})

@@ -369,8 +369,15 @@ def _branch():
         st.booleans()) | _leaf_keywords()
 
 
+def _branch_or_union():
+    # anyOf/oneOf of branches, beside keywords of their own: disjoint() distributes them.
+    return _branch() | st.builds(lambda k, xs, rest: {**rest, k: xs},
+                                 st.sampled_from(["anyOf", "oneOf"]),
+                                 st.lists(_branch(), min_size=1, max_size=3), _branch())
+
+
 @settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
-@given(_branch(), _branch())
+@given(_branch_or_union(), _branch_or_union())
 def test_disjoint_is_never_wrong(a, b):
     """Every pair :func:`disjoint` calls disjoint is: no candidate instance (every object over
     the property names and values used, and scalars) validates against both. This proof is
