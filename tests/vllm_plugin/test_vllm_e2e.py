@@ -217,6 +217,54 @@ def test_runtime_compiles_leave_vllms_grammar_thread_free(llm, monkeypatch):
             engine.step()
 
 
+def test_runtime_starts_with_the_engine(llm):
+    """With the runtime backend on, vLLM's structured-output manager starts our runtime
+    (and its compile worker) when it is built: the first structured request's backend uses
+    that runtime, whose worker was already running, instead of starting one then."""
+    import time
+    from types import SimpleNamespace
+
+    from vllm.v1.structured_output import StructuredOutputManager
+    from vllm.v1.structured_output.backend_types import StructuredOutputOptions
+
+    from portable_guided.integrations.vllm import backend as backend_mod
+    from portable_guided.runtime import GrammarRuntime
+
+    from .conftest import set_plugin
+
+    set_plugin("runtime")
+    try:
+        mgr = StructuredOutputManager(llm.llm_engine.vllm_config)
+    finally:
+        set_plugin("off")
+    try:
+        runtime = mgr._portable_guided_runtime
+        assert isinstance(runtime, GrammarRuntime) and mgr.backend is None
+        deadline = time.monotonic() + 120
+        while not runtime.worker_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = runtime.worker_pids()
+        assert workers, "the compile worker did not start with the manager"
+        structured = SimpleNamespace(
+            grammar=None, structured_output_key=(StructuredOutputOptions.JSON,
+                                                 json.dumps(PERSON)))
+        request = SimpleNamespace(
+            request_id="first", structured_output_request=structured,
+            sampling_params=SimpleNamespace(
+                structured_outputs=SimpleNamespace(_backend="xgrammar")))
+        backend_mod._grammar_init(mgr, request)
+        assert isinstance(mgr.backend, backend_mod.PortableGuidedBackend)
+        assert mgr.backend.runtime is runtime and mgr._portable_guided_runtime is None
+        grammar = structured.grammar.result(timeout=60)
+        assert isinstance(grammar, backend_mod.PortableGuidedGrammar)
+        assert runtime.worker_pids() == workers  # compiled by the worker started earlier
+    finally:
+        if mgr.backend is not None:
+            mgr.backend.destroy()
+        elif mgr._portable_guided_runtime is not None:
+            mgr._portable_guided_runtime.close()
+
+
 def test_runtime_compile_time_limit_fails_that_request_only(llm, monkeypatch):
     """A schema vLLM accepts but whose compile runs past the runtime's limit: that request
     ends with an error, the others finish as usual, the engine keeps serving."""

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = ["PortableGuidedBackend", "PortableGuidedGrammar", "install_backend",
-           "uninstall_backend", "vocabulary_filtered_ids"]
+           "start_runtime", "uninstall_backend", "vocabulary_filtered_ids"]
 
 logger = logging.getLogger("vllm.plugins.portable_guided")
 
@@ -64,26 +64,13 @@ class PortableGuidedBackend(StructuredOutputBackend):
     #: The backend vLLM resolved for the requests (``xgrammar`` or ``guidance``): it decides
     #: the JSON-schema language, so that outputs match what vLLM alone would produce.
     served_backend: str = "xgrammar"
+    #: A runtime started earlier for this engine (:func:`start_runtime`, when vLLM built
+    #: its structured-output manager); None starts one now.
+    prestarted: GrammarRuntime | None = None
     runtime: GrammarRuntime = field(init=False)
 
     def __post_init__(self) -> None:
-        info = load_tokenizer_info(self.tokenizer, vocab_size=self.vocab_size)
-        engine = os.environ.get("PORTABLE_GUIDED_VLLM_ENGINE", "xgrammar")
-        timeout_s = env_seconds("PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S", 30.0)
-        # vLLM gives its own compiles half the cores (its grammar threads), and so do we:
-        # on 2 cores, a second worker compiling beside the forward stalled torch's OpenMP
-        # threads (the first prefill of a burst of new schemas ran 4-7x slower).
-        workers = int(os.environ.get("PORTABLE_GUIDED_VLLM_COMPILE_WORKERS",
-                                     max(1, min(4, ((os.cpu_count() or 1) + 1) // 2))))
-        race = os.environ.get("PORTABLE_GUIDED_VLLM_COMPILE_RACE", "0") == "1"
-        self.runtime = GrammarRuntime(
-            info,
-            engine=engine,
-            compile_timeout_s=timeout_s,
-            compile_workers=workers,
-            compile_race=race,
-            disk_cache_dir=os.environ.get("PORTABLE_GUIDED_VLLM_CACHE_DIR") or None,
-        )
+        self.runtime = self.prestarted or start_runtime(self.tokenizer, self.vocab_size)
         config = self.vllm_config.structured_outputs_config
         self.any_whitespace = not config.disable_any_whitespace
         # vLLM's xgrammar backend compiles in xgrammar's strict mode (no undeclared
@@ -104,9 +91,9 @@ class PortableGuidedBackend(StructuredOutputBackend):
                 words[token_id >> 5] &= ~np.uint32(1 << (token_id & 31))
             self._keep_row = keep
         logger.info(
-            "portable_guided grammar runtime serves vLLM's structured outputs (engine %s, "
-            "compile limit %s s, %d special tokens outside the vocabulary of non-tag "
-            "grammars, pid %d)", engine, timeout_s, len(self.blocked_ids), os.getpid(),
+            "portable_guided grammar runtime serves vLLM's %s structured outputs (%d special "
+            "tokens outside the vocabulary of non-tag grammars, pid %d)",
+            self.served_backend, len(self.blocked_ids), os.getpid(),
         )
 
     def spec_for(self, request_type: StructuredOutputOptions, grammar_spec: str) -> GrammarSpec:
@@ -212,6 +199,31 @@ class PortableGuidedBackend(StructuredOutputBackend):
         self.runtime.close()
 
 
+def start_runtime(tokenizer: Any, vocab_size: int) -> GrammarRuntime:
+    """The grammar runtime for one vLLM engine, configured from the environment
+    (``PORTABLE_GUIDED_VLLM_*``, see the package docs); its compile workers start in the
+    background."""
+    info = load_tokenizer_info(tokenizer, vocab_size=vocab_size)
+    # vLLM gives its own compiles half the cores (its grammar threads), and so do we: on 2
+    # cores, a second worker compiling beside the forward stalled torch's OpenMP threads
+    # (the first prefill of a burst of new schemas ran 4-7x slower).
+    workers = int(os.environ.get("PORTABLE_GUIDED_VLLM_COMPILE_WORKERS",
+                                 max(1, min(4, ((os.cpu_count() or 1) + 1) // 2))))
+    engine = os.environ.get("PORTABLE_GUIDED_VLLM_ENGINE", "xgrammar")
+    timeout_s = env_seconds("PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S", 30.0)
+    runtime = GrammarRuntime(
+        info,
+        engine=engine,
+        compile_timeout_s=timeout_s,
+        compile_workers=workers,
+        compile_race=os.environ.get("PORTABLE_GUIDED_VLLM_COMPILE_RACE", "0") == "1",
+        disk_cache_dir=os.environ.get("PORTABLE_GUIDED_VLLM_CACHE_DIR") or None,
+    )
+    logger.info("portable_guided grammar runtime started (engine %s, compile limit %s s, "
+                "%d compile workers, pid %d)", engine, timeout_s, workers, os.getpid())
+    return runtime
+
+
 class PortableGuidedGrammar(StructuredOutputGrammar):
     """One vLLM request's grammar state: a runtime :class:`Request` with vLLM's semantics.
 
@@ -292,15 +304,30 @@ def vocabulary_filtered_ids(tokenizer: Any, vocab_size: int, model_config: Any) 
                      if text != kept[i] and i not in stops)
 
 
+def _manager_init(self: StructuredOutputManager, vllm_config: Any) -> None:
+    _ORIGINALS["__init__"](self, vllm_config)
+    self._portable_guided_runtime = None
+    if (getattr(self, "tokenizer", None) is not None
+            and vllm_config.structured_outputs_config.backend in ("auto", *SERVED_BACKENDS)):
+        # Started with the engine, not at its first structured request, which otherwise
+        # waited for the compile worker to start (2-4.5 s here; vLLM's own backend 0.2 s).
+        # The backend itself is built at that request, which decides the served backend.
+        self._portable_guided_runtime = start_runtime(
+            self.tokenizer, vllm_config.model_config.get_vocab_size())
+
+
 def _grammar_init(self: StructuredOutputManager, request: Any) -> None:
     structured = request.structured_output_request
     if structured is None:
         return
     name = request.sampling_params.structured_outputs._backend
     if self.backend is None and name in SERVED_BACKENDS:
+        prestarted = getattr(self, "_portable_guided_runtime", None)
+        self._portable_guided_runtime = None  # the backend owns (and closes) it now
         self.backend = PortableGuidedBackend(
             self.vllm_config, tokenizer=self.tokenizer,
             vocab_size=self.vllm_config.model_config.get_vocab_size(), served_backend=name,
+            prestarted=prestarted,
         )
         if hasattr(self, "backend_name"):
             # vLLM 0.33: one backend per engine, checked by name in grammar_init (which
@@ -385,6 +412,7 @@ def _grammar_bitmask(
 
 
 _PATCHES = {
+    "__init__": _manager_init,
     "grammar_init": _grammar_init,
     "_create_grammar": _create_grammar,
     "grammar_bitmask": _grammar_bitmask,
