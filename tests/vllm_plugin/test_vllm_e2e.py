@@ -265,6 +265,30 @@ def test_runtime_starts_with_the_engine(llm):
             mgr._portable_guided_runtime.close()
 
 
+def test_runtime_failing_at_engine_start_leaves_the_engine_starting(llm, monkeypatch, caplog):
+    """A runtime that cannot start with the engine (e.g. an unusual tokenizer) never stops
+    vLLM's manager from being built: one warning, and the first request tries again."""
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from portable_guided.integrations.vllm import backend as backend_mod
+
+    from .conftest import set_plugin
+
+    def broken(tokenizer, vocab_size):
+        raise ValueError("no tokenizer info for this tokenizer")
+
+    monkeypatch.setattr(backend_mod, "start_runtime", broken)
+    set_plugin("runtime")
+    try:
+        with caplog.at_level("WARNING", logger="vllm.plugins.portable_guided"):
+            mgr = StructuredOutputManager(llm.llm_engine.vllm_config)
+    finally:
+        set_plugin("off")
+    assert mgr._portable_guided_runtime is None and mgr.backend is None
+    assert "no tokenizer info for this tokenizer" in caplog.text
+    assert "try again at the first structured request" in caplog.text
+
+
 def test_runtime_compile_time_limit_fails_that_request_only(llm, monkeypatch):
     """A schema vLLM accepts but whose compile runs past the runtime's limit: that request
     ends with an error, the others finish as usual, the engine keeps serving."""

@@ -312,8 +312,13 @@ def _manager_init(self: StructuredOutputManager, vllm_config: Any) -> None:
         # Started with the engine, not at its first structured request, which otherwise
         # waited for the compile worker to start (2-4.5 s here; vLLM's own backend 0.2 s).
         # The backend itself is built at that request, which decides the served backend.
-        self._portable_guided_runtime = start_runtime(
-            self.tokenizer, vllm_config.model_config.get_vocab_size())
+        try:
+            self._portable_guided_runtime = start_runtime(
+                self.tokenizer, vllm_config.model_config.get_vocab_size())
+        except Exception as exc:  # noqa: BLE001 - never stop the engine from starting
+            logger.warning("portable_guided could not start its grammar runtime with the "
+                           "engine (%s: %s); it will try again at the first structured "
+                           "request", type(exc).__name__, exc)
 
 
 def _grammar_init(self: StructuredOutputManager, request: Any) -> None:
