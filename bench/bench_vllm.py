@@ -22,8 +22,10 @@ Until session 7 every mode switch dropped the backend, so our runtime started it
 worker again in every round while vLLM's xgrammar compiles in threads: tokens/s favoured vLLM.
 
 Then the cold start (``--cold``): requests whose schemas neither backend has seen, B at once
-(distinct schemas), time from ``add_request`` to each request's first token, ours vs vLLM's
-xgrammar backend, the order alternating per trial.
+(distinct schemas that both backends compile), time from ``add_request`` to each request's
+first token, ours vs vLLM's xgrammar backend, the order alternating per trial. Each
+backend's very first request, which also builds the backend (ours: the runtime and its
+compile worker processes), is reported apart (``first_request_ms``).
 
     python bench/bench_vllm.py --json bench/results/vllm_cpu.json
 """
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -62,6 +65,29 @@ def schemas(n: int) -> list[dict[str, Any]]:
             if len(out) == n:
                 break
     return out
+
+
+def servable(llm: Any, candidates: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The first ``n`` schemas both backends compile (ours refuses some keywords xgrammar
+    would ignore; such a request fails alone and would have no first token). Checked with a
+    throwaway engine in this process: neither backend's compiler or cache sees them."""
+    from portable_guided.runtime import GrammarSpec, load_tokenizer_info
+    from portable_guided.runtime.engines import compile_checked, create_engine
+
+    info = load_tokenizer_info(llm.get_tokenizer(),
+                               vocab_size=llm.llm_engine.model_config.get_vocab_size())
+    engine = create_engine("xgrammar", info)
+    out = []
+    for schema in candidates:
+        try:
+            compile_checked(engine, GrammarSpec.json_schema(schema, strict=True))
+        except Exception as exc:  # noqa: BLE001 - refused or invalid: not a fair cold request
+            print(f"cold pool: skipping a schema ours refuses ({str(exc)[:80]})")
+            continue
+        out.append(schema)
+        if len(out) == n:
+            return out
+    raise ValueError(f"only {len(out)} of {len(candidates)} schemas compile; {n} needed")
 
 
 class StepTimers:
@@ -163,9 +189,47 @@ def cold_ttft(llm: Any, warm: WarmBackends, pool: list[dict[str, Any]], batch: i
     from vllm.sampling_params import StructuredOutputsParams
 
     engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
     per_kind: dict[str, list[float]] = {"vllm": [], "ours": []}
     walls: dict[str, list[float]] = {"vllm": [], "ours": []}
-    used = 0
+    ready_ms: dict[str, list[float]] = {"vllm": [], "ours": []}
+
+    def first_tokens(kind: str, fresh: list[dict[str, Any]]) -> list[float]:
+        """Submit one request per schema at once; ms from submission to each first token
+        (and, in ``ready_ms``, to each grammar's compile future resolving)."""
+        with warm.mode("runtime" if kind == "ours" else "off"):
+            start = time.perf_counter()
+            first: dict[str, float] = {}
+            ids = []
+            for i, schema in enumerate(fresh):
+                rid = f"cold{time.monotonic_ns()}-{i}"
+                ids.append(rid)
+                engine.add_request(rid, "Return a JSON object:\n", SamplingParams(
+                    temperature=0, max_tokens=2,
+                    structured_outputs=StructuredOutputsParams(json=schema)))
+            for request in scheduler.requests.values():
+                future = getattr(request.structured_output_request, "_grammar", None)
+                if hasattr(future, "add_done_callback"):  # the compile is still running
+                    future.add_done_callback(lambda _, kind=kind: ready_ms[kind].append(
+                        (time.perf_counter() - start) * 1e3))
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.outputs and out.outputs[0].token_ids and out.request_id not in first:
+                        first[out.request_id] = time.perf_counter() - start
+            walls[kind].append(time.perf_counter() - start)
+        return [first.get(rid, float("nan")) * 1e3 for rid in ids]
+
+    out: dict[str, Any] = {}
+    if any(warm.parked.get(kind) is None for kind in ("vllm", "ours")):
+        # Each backend's first request ever also builds the backend (ours: the runtime and
+        # its compile workers): reported apart, then both backends are warm.
+        out["first_request_ms"] = {kind: first_tokens(kind, [pool[i]])[0]
+                                   for i, kind in enumerate(("vllm", "ours"))}
+        for lists in (walls, ready_ms):
+            lists["vllm"].clear()
+            lists["ours"].clear()
+        print(f"first request (backend built): {out['first_request_ms']}", flush=True)
+    used = 2
     for trial in range(trials):
         fresh = pool[used:used + batch]
         used += batch
@@ -173,30 +237,20 @@ def cold_ttft(llm: Any, warm: WarmBackends, pool: list[dict[str, Any]], batch: i
             raise ValueError(f"the schema pool ran out: {len(pool)} schemas for "
                              f"{trials} trials of {batch}")
         for kind in (("vllm", "ours") if trial % 2 == 0 else ("ours", "vllm")):
-            with warm.mode("runtime" if kind == "ours" else "off"):
-                start = time.perf_counter()
-                first: dict[str, float] = {}
-                ids = []
-                for i, schema in enumerate(fresh):
-                    rid = f"cold{time.monotonic_ns()}-{i}"
-                    ids.append(rid)
-                    engine.add_request(rid, "Return a JSON object:\n", SamplingParams(
-                        temperature=0, max_tokens=2,
-                        structured_outputs=StructuredOutputsParams(json=schema)))
-                while engine.has_unfinished_requests():
-                    for out in engine.step():
-                        if out.outputs and out.outputs[0].token_ids and out.request_id not in first:
-                            first[out.request_id] = time.perf_counter() - start
-                walls[kind].append(time.perf_counter() - start)
-                per_kind[kind].extend(first.get(rid, float("nan")) * 1e3 for rid in ids)
+            per_kind[kind].extend(first_tokens(kind, fresh))
             print(f"cold B={batch} trial {trial} {kind}: first token median "
                   f"{statistics.median(per_kind[kind][-batch:]):.0f} ms, last "
                   f"{max(per_kind[kind][-batch:]):.0f} ms", flush=True)
-    out: dict[str, Any] = {}
     for kind, values in per_kind.items():
         out[kind] = {"ttft_ms_p50": statistics.median(values), "ttft_ms_max": max(values),
-                     "batch_wall_ms_p50": statistics.median(walls[kind]) * 1e3}
+                     "batch_wall_ms_p50": statistics.median(walls[kind]) * 1e3,
+                     "grammar_ready_ms_p50": statistics.median(ready_ms[kind] or [math.nan]),
+                     "grammar_ready_ms_max": max(ready_ms[kind] or [math.nan]),
+                     "ttft_ms_p50_per_trial": [statistics.median(values[i:i + batch])
+                                               for i in range(0, len(values), batch)]}
     out["ttft_p50_ours_vs_vllm"] = out["ours"]["ttft_ms_p50"] / out["vllm"]["ttft_ms_p50"]
+    out["grammar_ready_p50_ours_vs_vllm"] = (out["ours"]["grammar_ready_ms_p50"]
+                                             / out["vllm"]["grammar_ready_ms_p50"])
     return out
 
 
@@ -206,14 +260,13 @@ def run_once(llm: Any, timers: StepTimers, prompts: list[str], params: list[Any]
     start = time.perf_counter()
     for i, (prompt, param) in enumerate(zip(prompts, params)):
         engine.add_request(f"b{time.monotonic_ns()}-{i}", prompt, param)
-    # Wait for every grammar, so the batch is fixed before the first step.
-    import concurrent.futures
-
+    # Wait for every grammar, so the batch is fixed before the first step (the ``grammar``
+    # property reads None while a compile runs: ask is_grammar_ready).
     scheduler = engine.engine_core.engine_core.scheduler
-    for request in list(scheduler.requests.values()):
-        grammar = getattr(request.structured_output_request, "grammar", None)
-        if isinstance(grammar, concurrent.futures.Future):
-            concurrent.futures.wait([grammar])
+    structured = [r.structured_output_request for r in scheduler.requests.values()
+                  if r.structured_output_request is not None]
+    while not all(s.is_grammar_ready for s in structured):
+        time.sleep(0.002)
     outputs: dict[str, Any] = {}
     tokens = 0
     while engine.has_unfinished_requests():
@@ -315,7 +368,9 @@ def main() -> None:
     pool = schemas(16)
     results: dict[str, Any] = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(sys.argv), "load_average_at_start": os.getloadavg(),
+        "env": {k: v for k, v in os.environ.items() if k.startswith("PORTABLE_GUIDED_VLLM")},
         "engine_args": {k: v for k, v in engine_args.items()}, "runs": {}}
     for batch in [int(b) for b in args.batches.split(",") if b]:
         prompts = [f"Return a JSON object for this schema: {json.dumps(pool[i % len(pool)])[:200]}\n"
@@ -353,11 +408,13 @@ def main() -> None:
         print(json.dumps({str(batch): summary}, indent=1), flush=True)
     if args.cold:
         # Schemas never used above (the warm pool is the first 16 small ones).
-        fresh = schemas(16 + 2 * args.cold_trials * max(int(b) for b in args.cold.split(",")))[16:]
+        cold = [int(b) for b in args.cold.split(",")]
+        need = args.cold_trials * sum(cold) + 2 * len(cold)
+        fresh = servable(llm, schemas(16 + 2 * need)[16:], need)
         results["cold"] = {}
-        for batch in [int(b) for b in args.cold.split(",")]:
+        for batch in cold:
             results["cold"][str(batch)] = cold_ttft(llm, warm, fresh, batch, args.cold_trials)
-            fresh = fresh[batch * args.cold_trials:]
+            fresh = fresh[2 + batch * args.cold_trials:]
             print(json.dumps({f"cold B={batch}": results["cold"][str(batch)]}, indent=1),
                   flush=True)
     warm.close()
@@ -368,6 +425,7 @@ def main() -> None:
             timers.dumps, llm.llm_engine.model_config.get_vocab_size(), args.dtype,
             args.replay_reps)
     print(json.dumps(results["kernel_replay"], indent=1))
+    results["load_average_at_end"] = os.getloadavg()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 

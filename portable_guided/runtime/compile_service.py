@@ -188,7 +188,9 @@ class CompileService:
 
     def discard(self, compiled: CompiledGrammar) -> bool:
         """Drop ``compiled`` from the memory cache (an engine failed on it mid-request, which
-        may have left state shared by its matchers broken); returns whether it was there."""
+        may have left state shared by its matchers broken), and from the engine library's
+        own cache; returns whether it was in the memory cache."""
+        compiled.engine.forget(compiled.grammar)
         return self._memory.remove_value(compiled)
 
     # -- submitting ------------------------------------------------------------------------

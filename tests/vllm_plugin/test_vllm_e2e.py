@@ -170,15 +170,129 @@ def test_bad_schema_fails_that_request_only(llm, mode):
         assert got[req_id].finish_reason == "stop"
 
 
-def test_runtime_compile_time_limit_fails_that_request_only(llm, monkeypatch):
-    """A schema vLLM accepts but whose compile runs past the runtime's limit: that request
-    ends with an error, the others finish as usual, the engine keeps serving."""
-    schema = {"type": "string", "pattern": "[a-z]{1,5}"}
-    for i in range(12):  # xgrammar compile time grows ~3x every 2 levels (minutes here)
+def _slow_schema() -> dict:
+    """A schema vLLM accepts whose xgrammar compile takes minutes here (anchored: the
+    runtime refuses an unanchored pattern at once, which tests no time limit)."""
+    schema: dict = {"type": "string", "pattern": "^[a-z]{1,5}$"}
+    for i in range(12):  # xgrammar compile time grows ~3x every 2 levels
         schema = {"anyOf": [
             {"type": "object", "properties": {f"k{i}": schema, "x": {"type": "integer"}},
              "required": [f"k{i}"]},
             {"type": "array", "items": schema, "minItems": 1, "maxItems": 3}]}
+    return schema
+
+
+def test_runtime_compiles_leave_vllms_grammar_thread_free(llm, monkeypatch):
+    """vLLM compiles grammars on a small thread pool (one thread on two cores). Our backend
+    only hands each spec to the runtime there, so a long compile holds neither that thread
+    nor the compiles of the requests after it: here a fast schema submitted after a
+    minutes-long one is ready while the long one still compiles (a backend waiting in vLLM's
+    thread made it wait the long one's time limit first)."""
+    import time
+
+    from .conftest import manager
+
+    monkeypatch.setenv("PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S", "20")
+    monkeypatch.setenv("PORTABLE_GUIDED_VLLM_COMPILE_WORKERS", "2")
+    engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
+    with plugin_mode(llm, "runtime"):
+        generate(llm, ["Warm up:"], [_params("person", max_tokens=2)])  # backend built
+        start = time.perf_counter()
+        engine.add_request("slow", "Anything:", SamplingParams(
+            temperature=0, max_tokens=4,
+            structured_outputs=StructuredOutputsParams(json=_slow_schema())))
+        engine.add_request("fast", "A user profile for Ada as JSON:", _params("city"))
+        pending = {r.request_id.split("-")[0]: r.structured_output_request
+                   for r in scheduler.requests.values()}
+        probe = manager(llm).executor.submit(time.perf_counter)
+        while not pending["fast"].is_grammar_ready and time.perf_counter() - start < 20:
+            time.sleep(0.01)
+        fast_ready = time.perf_counter() - start
+        assert fast_ready < 10, f"the fast grammar waited {fast_ready:.1f} s"
+        assert probe.result(timeout=1) - start < 10
+        assert not pending["slow"].is_grammar_ready  # still compiling in a worker
+        engine.abort_request(["slow", "fast"])
+        while engine.has_unfinished_requests():
+            engine.step()
+
+
+def test_runtime_starts_with_the_engine(llm):
+    """With the runtime backend on, vLLM's structured-output manager starts our runtime
+    (and its compile worker) when it is built: the first structured request's backend uses
+    that runtime, whose worker was already running, instead of starting one then."""
+    import time
+    from types import SimpleNamespace
+
+    from vllm.v1.structured_output import StructuredOutputManager
+    from vllm.v1.structured_output.backend_types import StructuredOutputOptions
+
+    from portable_guided.integrations.vllm import backend as backend_mod
+    from portable_guided.runtime import GrammarRuntime
+
+    from .conftest import set_plugin
+
+    set_plugin("runtime")
+    try:
+        mgr = StructuredOutputManager(llm.llm_engine.vllm_config)
+    finally:
+        set_plugin("off")
+    try:
+        runtime = mgr._portable_guided_runtime
+        assert isinstance(runtime, GrammarRuntime) and mgr.backend is None
+        deadline = time.monotonic() + 120
+        while not runtime.worker_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = runtime.worker_pids()
+        assert workers, "the compile worker did not start with the manager"
+        structured = SimpleNamespace(
+            grammar=None, structured_output_key=(StructuredOutputOptions.JSON,
+                                                 json.dumps(PERSON)))
+        request = SimpleNamespace(
+            request_id="first", structured_output_request=structured,
+            sampling_params=SimpleNamespace(
+                structured_outputs=SimpleNamespace(_backend="xgrammar")))
+        backend_mod._grammar_init(mgr, request)
+        assert isinstance(mgr.backend, backend_mod.PortableGuidedBackend)
+        assert mgr.backend.runtime is runtime and mgr._portable_guided_runtime is None
+        grammar = structured.grammar.result(timeout=60)
+        assert isinstance(grammar, backend_mod.PortableGuidedGrammar)
+        assert runtime.worker_pids() == workers  # compiled by the worker started earlier
+    finally:
+        if mgr.backend is not None:
+            mgr.backend.destroy()
+        elif mgr._portable_guided_runtime is not None:
+            mgr._portable_guided_runtime.close()
+
+
+def test_runtime_failing_at_engine_start_leaves_the_engine_starting(llm, monkeypatch, caplog):
+    """A runtime that cannot start with the engine (e.g. an unusual tokenizer) never stops
+    vLLM's manager from being built: one warning, and the first request tries again."""
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from portable_guided.integrations.vllm import backend as backend_mod
+
+    from .conftest import set_plugin
+
+    def broken(tokenizer, vocab_size):
+        raise ValueError("no tokenizer info for this tokenizer")
+
+    monkeypatch.setattr(backend_mod, "start_runtime", broken)
+    set_plugin("runtime")
+    try:
+        with caplog.at_level("WARNING", logger="vllm.plugins.portable_guided"):
+            mgr = StructuredOutputManager(llm.llm_engine.vllm_config)
+    finally:
+        set_plugin("off")
+    assert mgr._portable_guided_runtime is None and mgr.backend is None
+    assert "no tokenizer info for this tokenizer" in caplog.text
+    assert "try again at the first structured request" in caplog.text
+
+
+def test_runtime_compile_time_limit_fails_that_request_only(llm, monkeypatch):
+    """A schema vLLM accepts but whose compile runs past the runtime's limit: that request
+    ends with an error, the others finish as usual, the engine keeps serving."""
+    schema = _slow_schema()
     monkeypatch.setenv("PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S", "2")
     requests = [
         ("ok", "A user profile for Ada as JSON:", _params("person")),

@@ -24,6 +24,9 @@ Environment:
   whose backend is ``xgrammar`` or ``guidance`` (default ``0``). Its settings:
   ``PORTABLE_GUIDED_VLLM_ENGINE`` (``xgrammar``, ``llguidance`` or ``auto``; default
   ``xgrammar``), ``PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S`` (default 30),
+  ``PORTABLE_GUIDED_VLLM_COMPILE_WORKERS`` (compile worker processes; default half the
+  cores, as vLLM's own grammar threads, at most 4), ``PORTABLE_GUIDED_VLLM_COMPILE_RACE``
+  (``1``: race each worker compile in this process, see ``GrammarRuntime``),
   ``PORTABLE_GUIDED_VLLM_CACHE_DIR`` (on-disk compile cache shared by processes; default
   none).
 """

@@ -13,7 +13,11 @@ root ``root``, choices as vLLM's own choice grammar. Differences, documented in 
 Lark grammars and the newer structural-tag format are refused (the request fails alone);
 ``json_object`` allows any object (vLLM's xgrammar backend compiles ``{"type": "object"}``
 in strict mode, which admits only ``{}``); stop tokens are the tokenizer's end tokens, not
-per-request extra stop ids.
+per-request extra stop ids. On vLLM 0.33 the special tokens are left out of every grammar
+but structural tags, as its xgrammar backend does (:func:`vocabulary_filtered_ids`).
+
+Compiles never wait in vLLM's grammar thread: ``grammar_init`` hands the spec to the
+runtime and gives vLLM a future that the runtime resolves when the compile ends.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import json
 import logging
 import os
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +47,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = ["PortableGuidedBackend", "PortableGuidedGrammar", "install_backend",
-           "uninstall_backend"]
+           "start_runtime", "uninstall_backend", "vocabulary_filtered_ids"]
 
 logger = logging.getLogger("vllm.plugins.portable_guided")
 
@@ -59,41 +64,48 @@ class PortableGuidedBackend(StructuredOutputBackend):
     #: The backend vLLM resolved for the requests (``xgrammar`` or ``guidance``): it decides
     #: the JSON-schema language, so that outputs match what vLLM alone would produce.
     served_backend: str = "xgrammar"
+    #: A runtime started earlier for this engine (:func:`start_runtime`, when vLLM built
+    #: its structured-output manager); None starts one now.
+    prestarted: GrammarRuntime | None = None
     runtime: GrammarRuntime = field(init=False)
 
     def __post_init__(self) -> None:
-        info = load_tokenizer_info(self.tokenizer, vocab_size=self.vocab_size)
-        engine = os.environ.get("PORTABLE_GUIDED_VLLM_ENGINE", "xgrammar")
-        timeout_s = env_seconds("PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S", 30.0)
-        # A burst of new schemas (a batch of distinct requests) compiles in parallel, as
-        # vLLM's own backend does in threads: one worker per core, up to 4.
-        workers = int(os.environ.get("PORTABLE_GUIDED_VLLM_COMPILE_WORKERS",
-                                     min(4, os.cpu_count() or 1)))
-        race = os.environ.get("PORTABLE_GUIDED_VLLM_COMPILE_RACE", "0") == "1"
-        self.runtime = GrammarRuntime(
-            info,
-            engine=engine,
-            compile_timeout_s=timeout_s,
-            compile_workers=workers,
-            compile_race=race,
-            disk_cache_dir=os.environ.get("PORTABLE_GUIDED_VLLM_CACHE_DIR") or None,
-        )
+        self.runtime = self.prestarted or start_runtime(self.tokenizer, self.vocab_size)
         config = self.vllm_config.structured_outputs_config
         self.any_whitespace = not config.disable_any_whitespace
         # vLLM's xgrammar backend compiles in xgrammar's strict mode (no undeclared
         # properties); its guidance backend follows JSON Schema unless told otherwise.
         self.strict = (self.served_backend == "xgrammar"
                        or bool(config.disable_additional_properties))
+        #: Tokens vLLM 0.33's xgrammar backend removes from the vocabulary of every grammar
+        #: but structural tags (see :func:`vocabulary_filtered_ids`): blocked in those
+        #: grammars' rows and refused by their accept, so that masks match vLLM's.
+        self.blocked_ids = (vocabulary_filtered_ids(self.tokenizer, self.vocab_size,
+                                                    self.vllm_config.model_config)
+                            if self.served_backend == "xgrammar" else frozenset())
+        self._keep_row: npt.NDArray[np.int32] | None = None
+        if self.blocked_ids:
+            keep = np.full(self.runtime.bitmask_words, -1, dtype=np.int32)
+            words = keep.view(np.uint32)
+            for token_id in self.blocked_ids:
+                words[token_id >> 5] &= ~np.uint32(1 << (token_id & 31))
+            self._keep_row = keep
         logger.info(
-            "portable_guided grammar runtime serves vLLM's structured outputs (engine %s, "
-            "compile limit %s s, pid %d)", engine, timeout_s, os.getpid(),
+            "portable_guided grammar runtime serves vLLM's %s structured outputs (%d special "
+            "tokens outside the vocabulary of non-tag grammars, pid %d)",
+            self.served_backend, len(self.blocked_ids), os.getpid(),
         )
 
     def spec_for(self, request_type: StructuredOutputOptions, grammar_spec: str) -> GrammarSpec:
         """The :class:`GrammarSpec` of one vLLM request (raises ``GrammarSpecError``)."""
         if request_type == StructuredOutputOptions.JSON:
-            return GrammarSpec.json_schema(grammar_spec, any_whitespace=self.any_whitespace,
-                                           strict=self.strict)
+            # The check against the meta-schema (about 1.4 ms of Python for a small schema)
+            # runs in the compile job, under its time limit, as the runtime does for large
+            # schemas: here it held the GIL against vLLM's engine loop, request after
+            # request. A remote $ref is still refused there (never resolved, never fetched).
+            spec = GrammarSpec.json_schema(grammar_spec, any_whitespace=self.any_whitespace,
+                                           strict=self.strict, validate=False)
+            return GrammarSpec.from_dict({**spec.to_dict(), "deferred_check": True})
         if request_type == StructuredOutputOptions.JSON_OBJECT:
             return GrammarSpec.any_json(any_whitespace=self.any_whitespace)
         if request_type == StructuredOutputOptions.REGEX:
@@ -120,19 +132,63 @@ class PortableGuidedBackend(StructuredOutputBackend):
             return GrammarSpec.structural_tag(tag["structures"], tag["triggers"])
         raise GrammarError(f"unsupported structured output type {request_type!s}")
 
+    def _grammar(self, request: Request, request_type: StructuredOutputOptions,
+                 ) -> PortableGuidedGrammar:
+        if self._keep_row is None or request_type == StructuredOutputOptions.STRUCTURAL_TAG:
+            return PortableGuidedGrammar(request)
+        return PortableGuidedGrammar(request, self.blocked_ids, self._keep_row)
+
     def compile_grammar(
         self,
         request_type: StructuredOutputOptions,
         grammar_spec: str,
         stop_token_ids: set[int] | None = None,
     ) -> StructuredOutputGrammar:
-        """Compile in the runtime (time-limited, cached); raise to fail this request only."""
+        """Compile in the runtime (time-limited, cached); raise to fail this request only.
+
+        Blocks until the compile ends: vLLM's synchronous path. The manager's usual,
+        asynchronous path goes through :meth:`compile_grammar_async` instead."""
         request = self.runtime.new_request(self.spec_for(request_type, grammar_spec),
                                            on_error="reject")
         request.wait()
         if request.failed:
             raise request.error  # type: ignore[misc]
-        return PortableGuidedGrammar(request)
+        return self._grammar(request, request_type)
+
+    def compile_grammar_async(
+        self,
+        request_type: StructuredOutputOptions,
+        grammar_spec: str,
+        request_id: str = "?",
+    ) -> Future[StructuredOutputGrammar]:
+        """A future of the request's grammar, resolved when the runtime's compile ends (with
+        the compile's error if it fails). Returns at once: the spec is built here (cheap:
+        a JSON schema's meta-schema check runs in the compile job) and compiled by the
+        runtime's workers.
+
+        vLLM runs its own compiles on a thread pool (one thread on two cores); a backend
+        waiting there for each compile made a burst of new schemas compile one after the
+        other, each handed between threads that all wait for the GIL of a busy engine loop.
+        """
+        out: Future[StructuredOutputGrammar] = Future()
+
+        def resolved(request: Request) -> None:
+            if request.failed:
+                error = request.error or GrammarError("the grammar failed to compile")
+                logger.error("grammar for request %s failed: %s", request_id, error)
+                out.set_exception(error)
+            else:
+                out.set_result(self._grammar(request, request_type))
+
+        try:
+            request = self.runtime.new_request(self.spec_for(request_type, grammar_spec),
+                                               on_error="reject")
+        except Exception as exc:  # noqa: BLE001 - a bad spec fails its request only
+            logger.error("grammar for request %s failed: %s", request_id, exc)
+            out.set_exception(exc)
+            return out
+        request.add_ready_callback(resolved)
+        return out
 
     def allocate_token_bitmask(self, max_num_seqs: int) -> torch.Tensor:
         """All-allowed int32 rows, as a CPU tensor (vLLM slices and copies rows with torch)."""
@@ -143,11 +199,42 @@ class PortableGuidedBackend(StructuredOutputBackend):
         self.runtime.close()
 
 
-class PortableGuidedGrammar(StructuredOutputGrammar):
-    """One vLLM request's grammar state: a runtime :class:`Request` with vLLM's semantics."""
+def start_runtime(tokenizer: Any, vocab_size: int) -> GrammarRuntime:
+    """The grammar runtime for one vLLM engine, configured from the environment
+    (``PORTABLE_GUIDED_VLLM_*``, see the package docs); its compile workers start in the
+    background."""
+    info = load_tokenizer_info(tokenizer, vocab_size=vocab_size)
+    # vLLM gives its own compiles half the cores (its grammar threads), and so do we: on 2
+    # cores, a second worker compiling beside the forward stalled torch's OpenMP threads
+    # (the first prefill of a burst of new schemas ran 4-7x slower).
+    workers = int(os.environ.get("PORTABLE_GUIDED_VLLM_COMPILE_WORKERS",
+                                 max(1, min(4, ((os.cpu_count() or 1) + 1) // 2))))
+    engine = os.environ.get("PORTABLE_GUIDED_VLLM_ENGINE", "xgrammar")
+    timeout_s = env_seconds("PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S", 30.0)
+    runtime = GrammarRuntime(
+        info,
+        engine=engine,
+        compile_timeout_s=timeout_s,
+        compile_workers=workers,
+        compile_race=os.environ.get("PORTABLE_GUIDED_VLLM_COMPILE_RACE", "0") == "1",
+        disk_cache_dir=os.environ.get("PORTABLE_GUIDED_VLLM_CACHE_DIR") or None,
+    )
+    logger.info("portable_guided grammar runtime started (engine %s, compile limit %s s, "
+                "%d compile workers, pid %d)", engine, timeout_s, workers, os.getpid())
+    return runtime
 
-    def __init__(self, request: Request) -> None:
+
+class PortableGuidedGrammar(StructuredOutputGrammar):
+    """One vLLM request's grammar state: a runtime :class:`Request` with vLLM's semantics.
+
+    ``blocked``/``keep``: tokens outside this grammar's vocabulary (vLLM 0.33 compiles
+    non-tag grammars without the special tokens) and the bitmask row that clears them."""
+
+    def __init__(self, request: Request, blocked: frozenset[int] = frozenset(),
+                 keep: npt.NDArray[np.int32] | None = None) -> None:
         self.request = request
+        self.blocked = blocked
+        self.keep = keep
 
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
         """Advance by ``tokens``; False (state kept) when the grammar rejects one. Tokens
@@ -155,7 +242,7 @@ class PortableGuidedGrammar(StructuredOutputGrammar):
         for token in tokens:
             if self.request.is_terminated:
                 break
-            if not self.request.accept(token):
+            if token in self.blocked or not self.request.accept(token):
                 logger.error("grammar rejected token %d for request %s", token, request_id)
                 return False
         return True
@@ -164,7 +251,8 @@ class PortableGuidedGrammar(StructuredOutputGrammar):
         """The longest prefix of ``tokens`` the grammar accepts; the state is unchanged."""
         accepted: list[int] = []
         for token in tokens:
-            if self.request.is_terminated or not self.request.accept_tokens([token]):
+            if (self.request.is_terminated or token in self.blocked
+                    or not self.request.accept_tokens([token])):
                 break
             accepted.append(token)
         if accepted:
@@ -178,6 +266,8 @@ class PortableGuidedGrammar(StructuredOutputGrammar):
     def fill_bitmask(self, bitmask: torch.Tensor, batch_index: int) -> None:
         """Fill one row (vLLM's per-row path, used with speculative tokens)."""
         self.request.fill(bitmask, batch_index)
+        if self.keep is not None:
+            bitmask[batch_index] &= torch.from_numpy(self.keep)
 
     def is_terminated(self) -> bool:
         """True once the grammar accepted a stop token."""
@@ -188,19 +278,78 @@ class PortableGuidedGrammar(StructuredOutputGrammar):
         self.request.rollback(self.request.num_accepted)
 
 
+def vocabulary_filtered_ids(tokenizer: Any, vocab_size: int, model_config: Any) -> frozenset[int]:
+    """The token ids vLLM's own xgrammar backend leaves out of the vocabulary it compiles
+    JSON, regex, EBNF and choice grammars with, stop tokens excepted (they still end a
+    grammar). vLLM 0.33 removes every special token of a Hugging Face tokenizer (its
+    ``XgrammarBackend._filter_special_tokens``, called here, so the set is vLLM's own);
+    earlier versions and its Mistral and PLaMo 3 tokenizer paths remove none."""
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+
+    filter_special = getattr(XgrammarBackend, "_filter_special_tokens", None)
+    if filter_special is None:
+        return frozenset()
+    from vllm.utils.mistral import is_mistral_tokenizer
+
+    model_type = getattr(getattr(model_config, "hf_config", None), "model_type", None)
+    if is_mistral_tokenizer(tokenizer) or (
+            model_type == "plamo3" and callable(getattr(tokenizer, "init_xgrammar", None))):
+        return frozenset()
+    import xgrammar as xgr
+
+    full = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+    kept = filter_special(tokenizer, full).decoded_vocab
+    stops = set(full.stop_token_ids)
+    return frozenset(i for i, text in enumerate(full.decoded_vocab)
+                     if text != kept[i] and i not in stops)
+
+
+def _manager_init(self: StructuredOutputManager, vllm_config: Any) -> None:
+    _ORIGINALS["__init__"](self, vllm_config)
+    self._portable_guided_runtime = None
+    if (getattr(self, "tokenizer", None) is not None
+            and vllm_config.structured_outputs_config.backend in ("auto", *SERVED_BACKENDS)):
+        # Started with the engine, not at its first structured request, which otherwise
+        # waited for the compile worker to start (2-4.5 s here; vLLM's own backend 0.2 s).
+        # The backend itself is built at that request, which decides the served backend.
+        try:
+            self._portable_guided_runtime = start_runtime(
+                self.tokenizer, vllm_config.model_config.get_vocab_size())
+        except Exception as exc:  # noqa: BLE001 - never stop the engine from starting
+            logger.warning("portable_guided could not start its grammar runtime with the "
+                           "engine (%s: %s); it will try again at the first structured "
+                           "request", type(exc).__name__, exc)
+
+
 def _grammar_init(self: StructuredOutputManager, request: Any) -> None:
-    if self.backend is None and request.structured_output_request is not None:
-        name = request.sampling_params.structured_outputs._backend
-        if name in SERVED_BACKENDS:
-            self.backend = PortableGuidedBackend(
-                self.vllm_config, tokenizer=self.tokenizer,
-                vocab_size=self.vllm_config.model_config.get_vocab_size(), served_backend=name,
-            )
-            if hasattr(self, "backend_name"):
-                # vLLM 0.33: one backend per engine, checked by name in grammar_init (which
-                # names the backend only when it builds it itself).
-                self.backend_name = name
-    _ORIGINALS["grammar_init"](self, request)
+    structured = request.structured_output_request
+    if structured is None:
+        return
+    name = request.sampling_params.structured_outputs._backend
+    if self.backend is None and name in SERVED_BACKENDS:
+        prestarted = getattr(self, "_portable_guided_runtime", None)
+        self._portable_guided_runtime = None  # the backend owns (and closes) it now
+        self.backend = PortableGuidedBackend(
+            self.vllm_config, tokenizer=self.tokenizer,
+            vocab_size=self.vllm_config.model_config.get_vocab_size(), served_backend=name,
+            prestarted=prestarted,
+        )
+        if hasattr(self, "backend_name"):
+            # vLLM 0.33: one backend per engine, checked by name in grammar_init (which
+            # names the backend only when it builds it itself).
+            self.backend_name = name
+    if (
+        not isinstance(self.backend, PortableGuidedBackend)
+        or not getattr(self, "_use_async_grammar_compilation", True)
+        or getattr(self, "backend_name", None) not in (None, name)
+    ):
+        # vLLM's own path: another backend, synchronous compiles, or a request 0.33
+        # refuses (one backend per engine: vLLM raises its own error).
+        _ORIGINALS["grammar_init"](self, request)
+        return
+    request_type, grammar_spec = structured.structured_output_key
+    structured.grammar = self.backend.compile_grammar_async(
+        request_type, grammar_spec, request_id=request.request_id)
 
 
 def _create_grammar(self: StructuredOutputManager, request: Any) -> StructuredOutputGrammar:
@@ -238,6 +387,7 @@ def _grammar_bitmask(
             self.vllm_config.scheduler_config.max_num_seqs
         )
     rows: list[Request | None] = []
+    filtered: list[int] = []  # rows of grammars without the special tokens (vLLM 0.33)
     masked_ends: list[tuple[int, tuple[int, ...]]] = []
     masked_reasoning_ends = getattr(self, "_masked_reasoning_ends", None)  # vLLM 0.33
     for index, req_id in enumerate(structured_output_request_ids):
@@ -247,6 +397,8 @@ def _grammar_bitmask(
         # vLLM's own rule: a terminated grammar or an unconstrained (reasoning) row is
         # all-allowed; None does exactly that.
         rows.append(grammar.request if constrained and not grammar.is_terminated() else None)
+        if rows[-1] is not None and grammar.keep is not None:
+            filtered.append(index)
         if not constrained and masked_reasoning_ends is not None:
             # vLLM 0.33: a row still reasoning blocks the implicit reasoning-end tokens its
             # grammar could not start with.
@@ -255,6 +407,8 @@ def _grammar_bitmask(
                 masked_ends.append((index, masked))
     bitmask = self._grammar_bitmask[: len(rows)].numpy()
     backend.runtime.fill_bitmask(rows, bitmask)
+    if filtered:
+        bitmask[filtered] &= backend._keep_row
     for index, masked in masked_ends:
         row = bitmask[index].view(np.uint32)
         for token_id in masked:
@@ -263,6 +417,7 @@ def _grammar_bitmask(
 
 
 _PATCHES = {
+    "__init__": _manager_init,
     "grammar_init": _grammar_init,
     "_create_grammar": _create_grammar,
     "grammar_bitmask": _grammar_bitmask,

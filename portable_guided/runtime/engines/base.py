@@ -177,6 +177,11 @@ class Engine(ABC):
     def new_matcher(self, compiled: Any) -> Matcher:
         """A fresh matcher at the start of ``compiled``."""
 
+    def forget(self, compiled: Any) -> None:
+        """Drop every copy of ``compiled`` the engine library keeps, so that compiling its
+        spec again builds it anew (the runtime discards a grammar an engine failed on).
+        Engines whose library keeps no compiled grammars do nothing."""
+
     def check_not_empty(self, compiled: Any) -> None:
         """Raise :class:`EmptyLanguage` when ``compiled`` accepts no output: its first mask
         allows no token, or only stop tokens that it does not accept (a grammar accepting

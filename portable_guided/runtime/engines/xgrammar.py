@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ..tokenizer_info import TokenizerInfo
 
 __all__ = [
+    "COMPILER_CACHE_BYTES",
     "XGrammarEngine",
     "XGrammarMatcher",
     "tokenizer",
@@ -28,6 +29,11 @@ __all__ = [
 ]
 
 _PAYLOAD_KIND = "xgrammar-json"
+
+#: Memory bound of each engine's ``xgrammar.GrammarCompiler`` cache (per process: the
+#: runtime's and each compile worker's engine). Its gain comes from masks shared between
+#: grammars, which even 1 MiB kept (0.40 ms vs 0.36 ms unbounded per small schema).
+COMPILER_CACHE_BYTES = 16 << 20
 
 
 def tokenizer(info: TokenizerInfo) -> xgrammar.TokenizerInfo:
@@ -123,8 +129,12 @@ class XGrammarEngine(Engine):
         self.tokenizer_info = tokenizer_info
         self.vocab_size = int(tokenizer_info.vocab_size)
         self.stop_token_ids = frozenset(int(t) for t in tokenizer_info.stop_token_ids)
-        # Our own caches sit above; the compiler's cache would double-count memory.
-        self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=1, cache_enabled=False)
+        # The compiler's cache also shares token masks between grammars (the sub-grammars of
+        # JSON strings, numbers, whitespace ...): a new small schema compiled in 0.4 ms
+        # instead of 3.7 ms (SmolLM2, bench/bench_vllm.py --cold). Bounded, since our own
+        # caches above hold the compiled grammars.
+        self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=1, cache_enabled=True,
+                                             cache_limit_bytes=COMPILER_CACHE_BYTES)
         self._batch = xgr.BatchGrammarMatcher(max_threads=max(1, int(fill_threads)))
         # One batch fill at a time per engine: the batch matcher owns one thread pool.
         self._batch_lock = threading.Lock()
@@ -200,6 +210,10 @@ class XGrammarEngine(Engine):
 
     def new_matcher(self, compiled: Any) -> XGrammarMatcher:
         return XGrammarMatcher(self._xgr.GrammarMatcher(compiled))
+
+    def forget(self, compiled: Any) -> None:
+        # The compiler's cache would hand the same object back for the same spec.
+        self._compiler.clear_cache()
 
     def fill_batch(
         self, matchers: Sequence[Matcher], bitmask: Any, rows: Sequence[int]
