@@ -69,6 +69,7 @@ def apply_token_mask(
 
 
 _TORCH_CPU = ("torch", "cpu", None)
+_PLAIN: list[Any] = []  # [apply_host, apply_plain_torch], imported on the first call
 
 
 def _plain_host(logits: Any, bitmask: Any) -> bool:
@@ -76,19 +77,13 @@ def _plain_host(logits: Any, bitmask: Any) -> bool:
     (``kernels.compiled.apply_plain_torch``), where the registry has already chosen that
     kernel for Torch CPU logits and nothing forces another platform."""
     resolution = REGISTRY._cache.get(_TORCH_CPU)
-    if resolution is None or resolution.kernel is not _host_kernel() or os.environ.get(ENV_VAR):
+    if resolution is None:
         return False
-    from .kernels.compiled import apply_plain_torch
-
-    return apply_plain_torch(logits, bitmask)
-
-
-_HOST_KERNEL: list[Any] = []
-
-
-def _host_kernel() -> Any:
-    if not _HOST_KERNEL:
+    if not _PLAIN:
+        from .kernels.compiled import apply_plain_torch
         from .kernels.host import apply_host
 
-        _HOST_KERNEL.append(apply_host)
-    return _HOST_KERNEL[0]
+        _PLAIN[:] = [apply_host, apply_plain_torch]
+    if resolution.kernel is not _PLAIN[0] or os.environ.get(ENV_VAR):
+        return False
+    return bool(_PLAIN[1](logits, bitmask))
