@@ -198,7 +198,7 @@ static void run_part(const Job *job, int part, int parts) {
  *     that block a token (an all-allowed batch costs a read of its bitmask, 0.03-0.05 ms at
  *     B=64 x 152k, less than a team hand-off can save and far less than it can cost);
  *   - on a machine whose cores other processes keep busy, a team member waits for a core
- *     before it starts, and the call waits for it at the team's barrier: 8-35 ms per call
+ *     before it starts, and the call waits for it at the team's barrier: 7-35 ms per call
  *     where one thread took 1.3 ms (2 cores, load average 3). So each team call measures how
  *     late its last member started; a member later than late_ns makes the next calls run on
  *     the calling thread (16, doubling while the team stays late, at most 4096), then the team

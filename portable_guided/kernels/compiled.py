@@ -20,7 +20,7 @@ under 1,024 bitmask words that block a token (an all-allowed batch) stays on the
 thread, and after a team whose last member started more than 0.5 ms late (its core was busy
 with another process) the next calls run on the calling thread, 16 at first, doubling while
 the team stays late. On the shared 2-core machine (load average about 3) joining the team
-had cost 8-35 ms per call where one thread took 1.3 ms (bench/bench_sglang.py
+had cost 7-35 ms per call where one thread took 1.3 ms (bench/bench_sglang.py
 --kernel-threads, bench/results/sglang_cpu_s8.json).
 """
 
