@@ -316,7 +316,9 @@ static void note_call(int used, int skipped, long long lateness) {
     if (used == 0) {
         stat_empty++;
     } else if (skipped) {
-        team_skip--, stat_skipped++;
+        /* Two threads may have both seen the last skip: never below zero. */
+        if (team_skip > 0) team_skip--;
+        stat_skipped++;
     } else if (used == 1) {
         stat_light++;
     } else {
