@@ -2,7 +2,7 @@
 
 One batch of logits (B=64, V=151,936: Qwen's width), fp32 and bf16, with masks 99% blocked
 (a JSON-schema step) and all allowed (free text, or rows without a grammar). Paths, all on
-the same logits and masks, interleaved rep by rep, medians:
+the same logits and masks, interleaved rep by rep in a fresh random order each rep, medians:
 
 - ``sglang_xgrammar``: SGLang's own ``XGrammarGrammar.apply_vocab_mask`` (on CPU:
   xgrammar's CPU kernel), captured before the plugin is loaded;
@@ -11,10 +11,17 @@ the same logits and masks, interleaved rep by rep, medians:
 - ``ours_xgrammar`` / ``ours_llguidance``: SGLang's same functions with the plugin loaded
   (through SGLang's ``load_plugins()``; the canary has already checked its first call).
 
-Each timed call starts from a fresh copy of the logits (the copy is not timed); every result
-is checked equal to SGLang's. Needs the sglang-cpu lane's venv.
+``--kernel-threads`` adds the compiled CPU kernel alone on the same buffers, by thread
+policy: ``kernel_team`` always joins Torch's OpenMP team (the default before session 8),
+``kernel_1t`` the calling thread, ``kernel_auto`` the default now (the calling thread for
+light work or after a late team; kernels/_cpu_mask.c). ``--busy N`` keeps N busy-looping
+processes running while it measures (a loaded machine, made on purpose).
 
-    .venv-sglang-cpu/bin/python bench/bench_sglang.py --json bench/results/sglang_cpu.json
+Each timed call starts from a fresh copy of the logits (the copy is not timed); every result
+of every rep is checked equal to SGLang's. Needs the sglang-cpu lane's venv.
+
+    .venv-sglang-cpu/bin/python bench/bench_sglang.py --kernel-threads \
+        --json bench/results/sglang_cpu_s8.json
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ import datetime
 import json
 import os
 import platform
+import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,8 +61,51 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151_936)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--kernel-threads", action="store_true",
+                        help="also time the compiled kernel alone per thread policy")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="busy-looping processes to run meanwhile (a loaded machine)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(args.busy)]
+    try:
+        _run(args)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+
+
+def _kernel_paths(torch: Any) -> dict[str, Any]:
+    """The compiled kernel alone (no Python around it but the call), per thread policy."""
+    import numpy as np
+
+    from portable_guided.kernels import _cpu_mask
+
+    team = torch.get_num_threads()
+
+    def call(threads: int) -> Any:
+        def run(logits: Any, mask: Any) -> None:
+            bf16 = logits.dtype == torch.bfloat16
+            bits = (logits.view(torch.int16) if bf16 else logits).numpy()
+            rows = np.arange(logits.shape[0], dtype=np.int64)
+            _cpu_mask.mask_rows(bits, mask.numpy(), rows, rows, logits.shape[1],
+                                0xFF80 if bf16 else 0xFF800000, threads)
+        return run
+
+    return {"kernel_team": call(team), "kernel_1t": call(1), "kernel_auto": call(0)}
+
+
+def _team_stats() -> Any:
+    try:
+        from portable_guided.kernels import _cpu_mask
+    except ImportError:
+        return None
+    return _cpu_mask.team_stats()
+
+
+def _run(args: argparse.Namespace) -> None:
 
     import sglang
     import torch
@@ -79,6 +131,9 @@ def main() -> None:
         "ours_llguidance": lambda lg, m: GuidanceGrammar.apply_vocab_mask(logits=lg,
                                                                          vocab_mask=m),
     }
+    if args.kernel_threads:
+        paths.update(_kernel_paths(torch))
+    load_before = os.getloadavg()
     cells = []
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         for mask_name, blocked in (("99% blocked", 0.99), ("all allowed", 0.0)):
@@ -89,20 +144,29 @@ def main() -> None:
             expected = base.clone()
             sglang_xgr(None, logits=expected, vocab_mask=mask)
             times: dict[str, list[float]] = {name: [] for name in paths}
+            order = random.Random(0)
             for rep in range(args.reps + 2):  # two warm-up reps (the canary, torch's first)
-                for name, fn in paths.items():
+                # A fresh order every rep: a path's cost depends on the one before it
+                # (llguidance's kernel leaves Torch's threads in another state than
+                # xgrammar's), and a fixed order (or a rotation, which keeps neighbours)
+                # favoured whichever path followed the cheapest.
+                names = list(paths)
+                order.shuffle(names)
+                for name in names:
+                    fn = paths[name]
                     work.copy_(base)
                     start = time.perf_counter()
                     fn(work, mask)
                     elapsed = time.perf_counter() - start
-                    if rep < 2:
-                        if not torch.equal(work, expected):
-                            raise SystemExit(f"{name} differs from SGLang's ({dtype_name}, "
-                                             f"{mask_name})")
-                        continue
-                    times[name].append(elapsed * 1e3)
+                    if not torch.equal(work, expected):
+                        raise SystemExit(f"{name} differs from SGLang's ({dtype_name}, "
+                                         f"{mask_name}, rep {rep})")
+                    if rep >= 2:
+                        times[name].append(elapsed * 1e3)
             med = {name: round(statistics.median(t), 3) for name, t in times.items()}
             cells.append({"dtype": dtype_name, "mask": mask_name, "median_ms": med,
+                          "p90_ms": {name: round(sorted(t)[int(0.9 * len(t))], 3)
+                                     for name, t in times.items()},
                           "speedup_vs_sglang_xgrammar": round(
                               med["sglang_xgrammar"] / med["ours_xgrammar"], 2),
                           "speedup_vs_sglang_llguidance": round(
@@ -116,8 +180,11 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
         "versions": {"sglang": sglang.__version__, "torch": torch.__version__},
-        "batch": args.batch, "vocab": args.vocab, "reps": args.reps,
+        "batch": args.batch, "vocab": args.vocab, "reps": args.reps, "busy": args.busy,
+        "load_average_1min": {"before": round(load_before[0], 2),
+                              "after": round(os.getloadavg()[0], 2)},
         "results_identical_to_sglang": True,
+        "kernel_team_policy": _team_stats(),
         "cells": cells,
     }
     if args.json:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, TypeVar
 
 from .platform import Platform
-from .registry import REGISTRY
+from .registry import ENV_VAR, REGISTRY
 from .validation import plan_mask
 
 __all__ = ["apply_token_mask"]
@@ -56,9 +57,33 @@ def apply_token_mask(
         bitmask[:, 0] = 0b1                              # ...but token 0
         pg.apply_token_mask(logits, bitmask)             # logits[:, 1:] is now -inf
     """
+    if platform is None and indices is None and vocab_size is None and _plain_host(logits,
+                                                                                 bitmask):
+        return logits
     resolution = REGISTRY.resolve(logits, platform)
     plan = plan_mask(logits, bitmask, indices=indices, vocab_size=vocab_size, stacklevel=2,
                      framework=resolution.framework, device_type=resolution.device_type)
     if plan.is_noop:
         return logits
     return resolution.kernel(logits, bitmask, plan)
+
+
+_TORCH_CPU = ("torch", "cpu", None)
+_PLAIN: list[Any] = []  # [apply_host, apply_plain_torch], imported on the first call
+
+
+def _plain_host(logits: Any, bitmask: Any) -> bool:
+    """The common Torch CPU call, masked by the compiled kernel with few Python steps
+    (``kernels.compiled.apply_plain_torch``), where the registry has already chosen that
+    kernel for Torch CPU logits and nothing forces another platform."""
+    resolution = REGISTRY._cache.get(_TORCH_CPU)
+    if resolution is None:
+        return False
+    if not _PLAIN:
+        from .kernels.compiled import apply_plain_torch
+        from .kernels.host import apply_host
+
+        _PLAIN[:] = [apply_host, apply_plain_torch]
+    if resolution.kernel is not _PLAIN[0] or os.environ.get(ENV_VAR):
+        return False
+    return bool(_PLAIN[1](logits, bitmask))

@@ -117,7 +117,7 @@ def mask_logits(
             f"{width} columns and the bitmask covers {covered} tokens ({words} words)"
         )
 
-    # Logical shifts: uint32 words, so bit 31 is read like any other.
+    # uint32 words while padding and or-ing (an int32 bitmask is read as its bit patterns).
     mask = bitmask if bitmask.dtype == jnp.uint32 else lax.bitcast_convert_type(bitmask,
                                                                                   jnp.uint32)
     if indices is None:
@@ -143,10 +143,19 @@ def mask_logits(
     allow = column_allow_words(vocab_size, width).view(np.uint32)
     if allow.any():
         mask = mask | jnp.asarray(allow)
-    shifts = jnp.arange(32, dtype=jnp.uint32)
-    blocked = ((mask[:, :, None] >> shifts) & 1) == 0
-    blocked = blocked.reshape(batch, needed * 32)[:, :width]
-    return jnp.where(blocked, jnp.array(-jnp.inf, logits.dtype), logits)
+    # Bit k of each word moved to the sign bit, then spread over the word by an arithmetic
+    # shift: all ones where token k is allowed, zeros where it is blocked. The logits are
+    # then blended as integers, (bits & keep) | (-inf & ~keep): on XLA:CPU this ran at the
+    # speed of a plain read and write of the logits, where unpacking to booleans and
+    # `where` took 1.5-2.2x that in float32 (bench/bench_jax.py, bench/results/jax_cpu_s8.json).
+    # Bit-exact: allowed entries keep their bit patterns (NaN, -0.0 included).
+    words32 = lax.bitcast_convert_type(mask, jnp.int32)
+    keep = (words32[:, :, None] << (31 - jnp.arange(32, dtype=jnp.int32))) >> 31
+    bits_type = jnp.int32 if logits.dtype == jnp.float32 else jnp.int16
+    keep = keep.reshape(batch, needed * 32)[:, :width].astype(bits_type)
+    bits = lax.bitcast_convert_type(logits, bits_type)
+    neg = lax.bitcast_convert_type(jnp.array(-jnp.inf, logits.dtype), bits_type)
+    return lax.bitcast_convert_type((bits & keep) | (neg & ~keep), logits.dtype)
 
 
 def device_bitmask(

@@ -191,15 +191,38 @@ static void run_part(const Job *job, int part, int parts) {
  * runtime, all of which export GOMP_parallel). The kernel joins that team instead of starting
  * threads of its own: right after a framework op its threads are still spinning and take the
  * work at once, where threads of ours would compete with them for the cores. Nothing is
- * linked: without a loaded runtime the kernel runs on the calling thread. */
+ * linked: without a loaded runtime the kernel runs on the calling thread.
+ *
+ * A team is woken only for work worth it (threads=0, the default):
+ *   - light work stays on the calling thread: fewer than PARALLEL_MIN_WORDS bitmask words
+ *     that block a token (an all-allowed batch costs a read of its bitmask, 0.03-0.05 ms at
+ *     B=64 x 152k, less than a team hand-off can save and far less than it can cost);
+ *   - on a machine whose cores other processes keep busy, a team member waits for a core
+ *     before it starts, and the call waits for it at the team's barrier: 7-35 ms per call
+ *     where one thread took 1.3 ms (2 cores, load average 3). So each team call measures how
+ *     late its last member started; a member later than late_ns makes the next calls run on
+ *     the calling thread (16, doubling while the team stays late, at most 4096), then the team
+ *     is tried again. */
 typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
 typedef int (*omp_int_fn)(void);
 static gomp_parallel_fn gomp_parallel;
 static omp_int_fn omp_thread_num, omp_num_threads, omp_max_threads;
 static const char *omp_runtime;
 
+/* Work below this many blocking words (32 tokens each: Torch's grain of 32k elements). */
+#define PARALLEL_MIN_WORDS 1024
+#define BACKOFF_FIRST 16
+#define BACKOFF_MAX 4096
+/* Read and written with the GIL held only. */
+static long long late_ns = 500000;    /* a member this late: the team was waiting for cores */
+static Py_ssize_t team_backoff;       /* calls on the calling thread after the last late team */
+static Py_ssize_t team_skip;          /* of those, still to run */
+static unsigned long long stat_team, stat_late, stat_light, stat_skipped, stat_empty;
+static long long stat_last_lateness = -1;
+
 #if defined(__unix__) || defined(__APPLE__)
 #include <dlfcn.h>
+#include <time.h>
 static const char *OMP_SONAMES[] = {"libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so",
                                     "libomp.dylib", "libiomp5.dylib", NULL};
 
@@ -222,12 +245,58 @@ static void find_openmp(void) {
         dlclose(lib);
     }
 }
+
+static long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 #else
 static void find_openmp(void) {}
+static long long now_ns(void) { return 0; }
 #endif
 
+/* Members past this many are not timed (their lateness is not looked at). */
+#define TIMED_MEMBERS 64
+typedef struct {
+    const Job *job;
+    int parts;
+    long long start[TIMED_MEMBERS];
+} Team;
+
 static void run_team_member(void *data) {
-    run_part((const Job *)data, omp_thread_num(), omp_num_threads());
+    Team *team = (Team *)data;
+    int part = omp_thread_num(), parts = omp_num_threads();
+    if (part < TIMED_MEMBERS) team->start[part] = now_ns();
+    if (part == 0) team->parts = parts;
+    run_part(team->job, part, parts);
+}
+
+/* Runs the job in a team of ``threads``; returns how late (ns) its last member started. */
+static long long run_team(const Job *job, int threads) {
+    Team team;
+    team.job = job;
+    team.parts = 0;
+    long long begin = now_ns(), lateness = 0;
+    gomp_parallel(run_team_member, &team, (unsigned)threads, 0);
+    for (int i = 0; i < team.parts && i < TIMED_MEMBERS; i++)
+        if (team.start[i] - begin > lateness) lateness = team.start[i] - begin;
+    return lateness;
+}
+
+/* Words of the job's rows that block a token, counted until ``limit`` (bits past the
+ * vocabulary do not count). */
+static Py_ssize_t count_blocking(const Job *job, Py_ssize_t limit) {
+    Py_ssize_t blocking = 0;
+    for (Py_ssize_t i = 0; i < job->count; i++) {
+        const uint32_t *words =
+            (const uint32_t *)(job->bitmask + job->bitmask_rows[i] * job->bitmask_stride);
+        for (Py_ssize_t w = 0; (w = next_blocking(words, w, job->full)) < job->full; w++)
+            if (++blocking >= limit) return blocking;
+        if (job->tail && (~words[job->full] & ((1u << job->tail) - 1u)))
+            if (++blocking >= limit) return blocking;
+    }
+    return blocking;
 }
 
 static int get_rows(PyObject *obj, Py_buffer *view, const char *name) {
@@ -242,6 +311,59 @@ static int get_rows(PyObject *obj, Py_buffer *view, const char *name) {
     return 0;
 }
 
+/* The team policy's bookkeeping after an automatic call (GIL held). */
+static void note_call(int used, int skipped, long long lateness) {
+    if (used == 0) {
+        stat_empty++;
+    } else if (skipped) {
+        /* Two threads may have both seen the last skip: never below zero. */
+        if (team_skip > 0) team_skip--;
+        stat_skipped++;
+    } else if (used == 1) {
+        stat_light++;
+    } else {
+        stat_team++;
+        stat_last_lateness = lateness;
+        if (lateness > late_ns) {
+            stat_late++;
+            team_backoff = team_backoff ? team_backoff * 2 : BACKOFF_FIRST;
+            if (team_backoff > BACKOFF_MAX) team_backoff = BACKOFF_MAX;
+            team_skip = team_backoff;
+        } else {
+            team_backoff = 0;
+        }
+    }
+}
+
+PyDoc_STRVAR(team_stats_doc,
+"team_stats(late_ns=None)\n--\n\n"
+"Counters of the automatic thread policy (``threads=0``) in this process: ``team`` calls\n"
+"run by an OpenMP team, ``late`` of those whose last member started more than ``late_ns``\n"
+"after the call (then the next ``skip`` calls with work for a team run on the calling\n"
+"thread, ``backoff`` the current length), ``light`` calls on the calling thread (too little\n"
+"work, or no team), ``skipped`` calls on the calling thread after a late team, ``empty``\n"
+"calls with nothing to mask,\n"
+"``last_lateness_ns``. ``late_ns`` given: sets the threshold first (tests, tuning).");
+
+static PyObject *team_stats(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *late_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "|O", &late_obj)) return NULL;
+    if (late_obj != Py_None) {
+        long long value = PyLong_AsLongLong(late_obj);
+        if (value == -1 && PyErr_Occurred()) return NULL;
+        if (value < 0) {
+            PyErr_Format(PyExc_ValueError, "late_ns must be >= 0, got %lld", value);
+            return NULL;
+        }
+        late_ns = value;
+    }
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:n,s:n,s:L,s:L}", "team", stat_team,
+                         "late", stat_late, "light", stat_light, "skipped", stat_skipped,
+                         "empty", stat_empty, "skip", team_skip, "backoff", team_backoff,
+                         "late_ns", late_ns, "last_lateness_ns", stat_last_lateness);
+}
+
 PyDoc_STRVAR(mask_rows_doc,
 "mask_rows(bits, bitmask, rows, bitmask_rows, vocab, neg, threads=0)\n--\n\n"
 "Write ``neg`` into ``bits[rows[i], t]`` for every ``t < vocab`` whose bit is clear in\n"
@@ -250,8 +372,9 @@ PyDoc_STRVAR(mask_rows_doc,
 "may be strided, columns contiguous); ``bitmask``: 2-D uint32/int32 array\n"
 "with contiguous rows; ``rows``/``bitmask_rows``: equal-length contiguous int64 arrays;\n"
 "``neg``: the -inf bit pattern. ``threads``: 1 masks on the calling thread, N > 1 in a team of\n"
-"N of the process's OpenMP threads, 0 as many as that runtime's default (one thread without\n"
-"a loaded OpenMP runtime). Releases the GIL while masking.");
+"N of the process's OpenMP threads, 0 automatic: the calling thread for light work or after\n"
+"a late team, else as many as that runtime's default (see team_stats). Returns the number\n"
+"of threads that masked (0: nothing to mask). Releases the GIL while masking.");
 
 PyDoc_STRVAR(openmp_runtime_doc,
 "openmp_runtime()\n--\n\n"
@@ -325,15 +448,25 @@ static PyObject *mask_rows(PyObject *self, PyObject *args) {
                bitmask.strides[0], row_of, mask_row_of, count, vocab / 32, vocab % 32,
                (vocab + 31) / 32, (uint32_t)neg};
     if (threads != 1) find_openmp();
+    int automatic = threads == 0, skip = automatic && team_skip > 0, heavy = 0, used = 1;
+    long long lateness = -1;
     Py_BEGIN_ALLOW_THREADS
-    if (threads == 0 && gomp_parallel) threads = omp_max_threads();
-    if (threads > 1 && gomp_parallel)
-        gomp_parallel(run_team_member, &job, (unsigned)threads, 0);
-    else
+    if (automatic) {
+        Py_ssize_t blocking = count_blocking(&job, PARALLEL_MIN_WORDS);
+        heavy = blocking >= PARALLEL_MIN_WORDS;
+        used = blocking == 0 ? 0 : !heavy || skip || !gomp_parallel ? 1 : omp_max_threads();
+    } else if (threads > 1 && !gomp_parallel) {
+        used = 1;
+    } else {
+        used = threads;
+    }
+    if (used > 1)
+        lateness = run_team(&job, used);
+    else if (used == 1)
         run_part(&job, 0, 1);
     Py_END_ALLOW_THREADS
-    result = Py_None;
-    Py_INCREF(result);
+    if (automatic) note_call(used, heavy && skip, lateness);
+    result = PyLong_FromLong(used);
 
 done:
     if (bits.obj) PyBuffer_Release(&bits);
@@ -346,6 +479,7 @@ done:
 static PyMethodDef methods[] = {
     {"mask_rows", mask_rows, METH_VARARGS, mask_rows_doc},
     {"openmp_runtime", openmp_runtime, METH_NOARGS, openmp_runtime_doc},
+    {"team_stats", team_stats, METH_VARARGS, team_stats_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,11 +14,20 @@ B=64 fp32 JSON-like masks at V=129,280: 3.06 ms on the calling thread, 1.69 ms i
 team of two, 3.21 ms with a second thread of our own). Where no OpenMP runtime is loaded (NumPy-only processes), large work is
 split over the NumPy kernel's thread pool. ``PORTABLE_GUIDED_CPU_THREADS=N`` sets the thread
 count (1: the calling thread only).
+
+The team is woken only when it pays (the kernel decides, ``_cpu_mask.team_stats``): work
+under 1,024 bitmask words that block a token (an all-allowed batch) stays on the calling
+thread, and after a team whose last member started more than 0.5 ms late (its core was busy
+with another process) the next calls run on the calling thread, 16 at first, doubling while
+the team stays late. On the shared 2-core machine (load average about 3) joining the team
+had cost 7-35 ms per call where one thread took 1.3 ms (bench/bench_sglang.py
+--kernel-threads, bench/results/sglang_cpu_s8.json).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -26,7 +35,7 @@ import numpy as np
 from ..validation import MaskPlan
 from .host import NEG_INF_BITS, THREADS_ENV_VAR, _run_split, _split_rows, _threads
 
-__all__ = ["KERNEL_ENV_VAR", "available", "apply_compiled", "describe"]
+__all__ = ["KERNEL_ENV_VAR", "available", "apply_compiled", "apply_plain_torch", "describe"]
 
 # "numpy" forces the NumPy kernel even where the compiled one is built (for comparison);
 # "compiled" makes its absence an error instead of a silent fallback.
@@ -103,6 +112,43 @@ def apply_compiled(bits: np.ndarray, bitmask: np.ndarray, plan: MaskPlan) -> Non
     _module.mask_rows(bits, bitmask, rows, rows, plan.vocab_size, neg, threads)
 
 
+def apply_plain_torch(logits: Any, bitmask: Any) -> bool:
+    """Mask the most common call with few Python steps: 2-D contiguous Torch CPU logits
+    (float32, bfloat16 or float16, no autograd) and a 2-D contiguous int32 CPU bitmask with
+    one row per logits row covering every column; no indices, no ``vocab_size``. Such a call
+    cannot fail validation, so the checks of :func:`~portable_guided.validation.plan_mask`
+    reduce to these. Returns False, having done nothing, for any other call (the general path
+    then checks and masks it); the caller has checked that the registry would choose this
+    kernel. Right after a forward, each Python step costs microseconds: the general path took
+    about 50 us beyond the kernel at B=64 (bench/bench_sglang.py, all-allowed cells)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    tensor = torch.Tensor
+    if type(logits) is not tensor or type(bitmask) is not tensor:  # no subclasses
+        return False
+    dtype = logits.dtype
+    neg = _PLAIN_NEG.get(str(dtype)) if dtype != torch.bfloat16 else 0xFF80
+    if (neg is None or bitmask.dtype != torch.int32 or not logits.is_cpu
+            or not bitmask.is_cpu or logits.dim() != 2 or bitmask.dim() != 2):
+        return False
+    batch, width = logits.shape
+    if (bitmask.shape[0] != batch or 32 * bitmask.shape[1] < width or width == 0
+            or logits.requires_grad or not logits.is_contiguous()
+            or not bitmask.is_contiguous() or not available()):
+        return False
+    threads = _threads() if os.environ.get(THREADS_ENV_VAR) else 0
+    if batch * width < PARALLEL_MIN_TOKENS:
+        threads = 1
+    elif threads != 1 and _module.openmp_runtime() is None:
+        return False  # no team to join: apply_compiled splits the rows over its threads
+    bits = (logits.view(torch.int16) if dtype == torch.bfloat16 else logits).numpy()
+    _module.mask_rows(bits, bitmask.numpy(), _every_row(batch), _every_row(batch), width, neg,
+                      threads)
+    return True
+
+
+_PLAIN_NEG = {"torch.float32": NEG_INF_BITS["float32"], "torch.float16": NEG_INF_BITS["float16"]}
 _row_ranges: dict[int, np.ndarray] = {}
 
 

@@ -65,6 +65,24 @@ def test_uint32_bitmask_and_bit_31():
     np.testing.assert_array_equal(np.isfinite(_f32(same)), got)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allowed_entries_keep_their_bit_patterns(dtype):
+    """The integer blend keeps allowed NaN, -0.0, +-inf and subnormals bit for bit, and
+    writes exactly -inf's bit pattern at blocked ones (compared as bits, not as floats)."""
+    special = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, 1e-40, -1e-40, 3.5], np.float32)
+    values = np.tile(special, 12)[None].repeat(3, axis=0)  # 96 columns: 3 words
+    bitmask = np.array([[-1, -1, -1], [0, 0, 0], [0x55555555, -0x55555556, -(2**31)]],
+                       np.int32)
+    logits = jnp.asarray(values).astype(dtype)
+    got = jax.jit(pgj.mask_logits)(logits, jnp.asarray(bitmask))
+    itype = np.int32 if dtype == "float32" else np.int16
+    got_bits = np.asarray(jax.lax.bitcast_convert_type(got, itype))
+    in_bits = np.asarray(jax.lax.bitcast_convert_type(logits, itype))
+    neg = np.asarray(jax.lax.bitcast_convert_type(jnp.array(-np.inf, dtype), itype))
+    allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little").astype(bool)
+    np.testing.assert_array_equal(got_bits, np.where(allowed, in_bits, neg))
+
+
 def test_narrow_bitmask_leaves_uncovered_columns_and_warns_at_trace():
     rng = np.random.default_rng(1)
     values = rng.standard_normal((3, 150)).astype(np.float32)

@@ -79,28 +79,31 @@ def xgrammar_cpu_reference(logits: Any, vocab_mask: Any) -> None:
 
 
 def _run(hook: str, logits: Any, vocab_mask: Any, ours: Any, theirs: Any) -> None:
+    """``ours`` on the logits, or SGLang's own (``theirs(takeover)`` builds it) once restored;
+    the canary compares both on a call of a kind it has not seen. Paid on every decode step,
+    so the common path reads the call's kind and nothing else."""
     takeover = TAKEOVERS.get(hook)
     if takeover is None:  # restored while this call was on its way: SGLang's own
-        theirs(logits)
+        theirs(None)(logits)
         return
     canary = takeover.canary
-    if canary is not None:
+    if canary is not None and not canary.tripped:
         kind = kind_of(logits, vocab_mask)
-        if canary.due(kind):
-            canary.check(logits, kind, lambda out: ours(out, vocab_mask),
-                         lambda out: theirs(out))
+        if kind not in canary.seen:
+            canary.check(logits, kind, lambda out: ours(out, vocab_mask), theirs(takeover))
             return
     ours(logits, vocab_mask)
 
 
 def xgrammar_apply_vocab_mask(self: Any, logits: Any, vocab_mask: Any) -> None:
     """Replaces ``XGrammarGrammar.apply_vocab_mask`` (sglang 0.5.23)."""
-    def theirs(out: Any) -> None:
-        original = TAKEOVERS["xgrammar"].original if "xgrammar" in TAKEOVERS else None
-        if original is None:
-            xgrammar_cpu_reference(out, vocab_mask)
-        else:
-            original(self, logits=out, vocab_mask=vocab_mask)
+    def theirs(takeover: Takeover | None) -> Any:
+        def run(out: Any) -> None:
+            if takeover is None:
+                xgrammar_cpu_reference(out, vocab_mask)
+            else:
+                takeover.original(self, logits=out, vocab_mask=vocab_mask)
+        return run
 
     _run("xgrammar", logits, vocab_mask, apply_xgrammar, theirs)
 
@@ -110,26 +113,28 @@ def xgrammar_static_apply_vocab_mask(logits: Any, vocab_mask: Any) -> None:
     SGLang's reasoner uses for rows without a grammar; upstream it raises
     ``Unsupported device: cpu`` on the CPU, where the canary compares with SGLang's CPU path
     of the same mask (xgrammar's CPU kernel)."""
-    def theirs(out: Any) -> None:
-        takeover = TAKEOVERS.get("xgrammar_static")
-        if takeover is None or out.device.type == "cpu":
-            xgrammar_cpu_reference(out, vocab_mask)
-        else:
-            takeover.original(logits=out, vocab_mask=vocab_mask)
+    def theirs(takeover: Takeover | None) -> Any:
+        def run(out: Any) -> None:
+            if takeover is None or out.device.type == "cpu":
+                xgrammar_cpu_reference(out, vocab_mask)
+            else:
+                takeover.original(logits=out, vocab_mask=vocab_mask)
+        return run
 
     _run("xgrammar_static", logits, vocab_mask, apply_xgrammar, theirs)
 
 
 def guidance_apply_vocab_mask(logits: Any, vocab_mask: Any) -> None:
     """Replaces the static ``GuidanceGrammar.apply_vocab_mask`` (sglang 0.5.23)."""
-    def theirs(out: Any) -> None:
-        takeover = TAKEOVERS.get("llguidance")
-        if takeover is None:
-            from llguidance.torch import apply_token_bitmask_inplace
+    def theirs(takeover: Takeover | None) -> Any:
+        def run(out: Any) -> None:
+            if takeover is None:
+                from llguidance.torch import apply_token_bitmask_inplace
 
-            apply_token_bitmask_inplace(out, vocab_mask)
-        else:
-            takeover.original(logits=out, vocab_mask=vocab_mask)
+                apply_token_bitmask_inplace(out, vocab_mask)
+            else:
+                takeover.original(logits=out, vocab_mask=vocab_mask)
+        return run
 
     _run("llguidance", logits, vocab_mask, apply_llguidance, theirs)
 

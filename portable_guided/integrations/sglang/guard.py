@@ -27,8 +27,8 @@ from typing import Any
 
 from ..vllm.guard import describe_difference, fingerprint
 
-__all__ = ["FUNCTIONS", "HOOK_FUNCTIONS", "KNOWN", "Canary", "Takeover", "current", "fingerprint",
-           "match", "mismatches", "same"]
+__all__ = ["FUNCTIONS", "HOOK_FUNCTIONS", "KNOWN", "Canary", "Kind", "Takeover", "current",
+           "fingerprint", "kind_of", "match", "mismatches", "same"]
 
 logger = logging.getLogger("sglang.plugins.portable_guided")
 
@@ -145,10 +145,15 @@ def same(a: Any, b: Any) -> bool:
                 and torch.equal(a.nan_to_num(0.0, 1.0, -1.0), b.nan_to_num(0.0, 1.0, -1.0)))
 
 
-def kind_of(logits: Any, vocab_mask: Any) -> tuple[str, str, int, bool]:
-    """A call's kind for the canary: device type, dtype, rank, logits wider than the mask."""
-    return (logits.device.type, str(logits.dtype), int(logits.dim()),
-            int(logits.shape[-1]) > 32 * int(vocab_mask.shape[-1]))
+Kind = tuple[str, Any, int, bool]
+
+
+def kind_of(logits: Any, vocab_mask: Any) -> Kind:
+    """A call's kind for the canary: device type, dtype, rank, logits wider than the mask.
+    Paid on every call, so the cheapest Torch reads: ``is_cpu`` before building a device,
+    the dtype object instead of its name."""
+    return ("cpu" if logits.is_cpu else logits.device.type, logits.dtype, logits.dim(),
+            logits.shape[-1] > 32 * vocab_mask.shape[-1])
 
 
 class Canary:
@@ -160,19 +165,19 @@ class Canary:
     def __init__(self, hook: str, restore: Callable[[], None]) -> None:
         self.hook = hook
         self.restore = restore
-        self.seen: set[tuple[str, str, int, bool]] = set()
+        self.seen: set[Kind] = set()
         self.tripped = False
         self.checks = 0
         self._lock = threading.Lock()
 
-    def due(self, kind: tuple[str, str, int, bool]) -> bool:
+    def due(self, kind: Kind) -> bool:
         """Whether this kind of call has not been checked yet (host metadata only)."""
         return not self.tripped and kind not in self.seen
 
     def check(
         self,
         logits: Any,
-        kind: tuple[str, str, int, bool],
+        kind: Kind,
         ours: Callable[[Any], None],
         theirs: Callable[[Any], None],
     ) -> bool:
@@ -201,7 +206,7 @@ class Canary:
             self._trip(what, kind)
             return False
 
-    def _trip(self, what: str, kind: tuple[str, str, int, bool]) -> None:
+    def _trip(self, what: str, kind: Kind) -> None:
         logger.error(
             "portable_guided's %s apply_vocab_mask %s (device %s, %s, %d-D, logits wider "
             "than mask: %s): SGLang's result is used for this batch and SGLang's own "
