@@ -28,11 +28,12 @@ DATA = os.path.join(os.path.dirname(__file__), "data", "maskbench_e2e.jsonl")
 
 def _schemas(n: int = 8) -> list[tuple[str, dict]]:
     """The first ``n`` schemas the runtime does not refuse as unsound (overlapping oneOf)."""
-    from portable_guided.runtime.json_lowering import lower, unsound
+    from portable_guided.runtime.json_lowering import engine_schema_text, unsound
 
     with open(DATA) as f:
         rows = [json.loads(line) for line in f]
-    return [(r["id"], r["schema"]) for r in rows if not unsound(lower(r["schema"]))][:n]
+    return [(r["id"], r["schema"]) for r in rows
+            if not unsound(json.loads(engine_schema_text(json.dumps(r["schema"]))))][:n]
 
 
 def _requests(runtime, tokenizer, schemas):

@@ -3,8 +3,8 @@
 Schemas: the first 12 of MaskBench ``Github_trivial`` and the first 12 of ``Glaiveai2K``
 (a fixed, unfiltered selection, copied to ``data/maskbench_e2e.jsonl`` so CI has them).
 Every output that finishes must parse and validate with ``jsonschema`` against the schema
-itself; the small model rambles on some schemas, so a few may hit ``max_tokens``. Schemas the
-runtime refuses as unsound (overlapping ``oneOf``) are checked to be refused.
+itself; the small model rambles on some schemas, so a few may hit ``max_tokens``. A schema
+with an overlapping ``oneOf`` (o10020) is served as exclusive branches, checked on its own.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ def _schemas() -> list[tuple[str, dict]]:
 
 
 def _refused(schema: dict) -> bool:
-    """Whether the runtime refuses ``schema`` as unsound on every engine (a ``oneOf`` whose
-    branches may overlap: issue 18)."""
-    from portable_guided.runtime.json_lowering import lower, unsound
+    """Whether the runtime refuses ``schema`` as unsound on every engine (what the engines
+    would compile still holds a oneOf whose branches may overlap: issue 18)."""
+    from portable_guided.runtime.json_lowering import engine_schema_text, unsound
 
-    return bool(unsound(lower(schema)))
+    return bool(unsound(json.loads(engine_schema_text(json.dumps(schema)))))
 
 
 def _guided(runtime, tokenizer, schemas, prompt_text="Reply with a short JSON object."):
@@ -76,17 +76,30 @@ def schemas():
     return [(sid, schema) for sid, schema in _schemas() if not _refused(schema)]
 
 
-def test_unsound_schemas_are_refused_not_served(runtime):
-    """A schema whose ``oneOf`` branches overlap (``{}`` matches both branches of
-    Github_trivial o10020, so JSON Schema rejects it, while reading oneOf as anyOf would
-    accept it) fails at compile time instead of constraining to a wrong language."""
-    from portable_guided.runtime import GrammarCompileError, GrammarSpec
+def test_overlapping_one_of_is_served_as_exclusive_branches(runtime):
+    """``{}`` matches both ``oneOf`` branches of Github_trivial o10020, so JSON Schema rejects
+    it, while reading oneOf as anyOf would accept it. The runtime serves exclusive branches
+    (each branch and not the other): ``{}`` is refused, one key is not; the generated
+    outputs below validate against the schema as written."""
+    from portable_guided.runtime import GrammarSpec
 
-    refused = [(sid, schema) for sid, schema in _schemas() if _refused(schema)]
-    assert "Github_trivial---o10020" in [sid for sid, _ in refused]
-    for sid, schema in refused:
-        req = runtime.new_request(GrammarSpec.json_schema(schema)).wait(120)
-        assert req.failed and isinstance(req.error, GrammarCompileError), (sid, req.error)
+    schema = dict(_schemas())["Github_trivial---o10020"]
+    assert not _refused(schema)
+    spec = GrammarSpec.json_schema(schema, any_whitespace=False)
+    stop = runtime.info.stop_token_ids[0]
+    for instance, expected in (({}, False), ({"key": "a.b"}, True), ({"keys": ["a"]}, True),
+                               ({"key": "a", "keys": ["b"]}, False)):
+        assert jsonschema_valid(schema, instance) is expected
+        req = runtime.new_request(spec, on_error="reject").wait(120)
+        ids = runtime.info.encode(json.dumps(instance, separators=(",", ":")))
+        accepted = req.accept_tokens(ids) == len(ids) and req.accept(stop)
+        assert accepted is expected, instance
+
+
+def jsonschema_valid(schema: dict, instance) -> bool:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(schema).is_valid(instance)
 
 
 @pytest.fixture(scope="module")
