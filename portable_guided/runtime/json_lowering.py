@@ -89,7 +89,7 @@ def engine_schema_text(text: str) -> str:
     """The schema an engine compiles for the schema JSON ``text``: :func:`lower`'s result,
     as JSON text (cached: ``auto`` lowers once for both engines)."""
     schema = json.loads(text)
-    if not isinstance(schema, Mapping) or not _needs_lowering(schema):
+    if isinstance(schema, Mapping) and not _needs_lowering(schema):
         return text  # (most schemas: no copy, no rewrite, no new text)
     try:
         lowered = lower(schema, approximate=True)

@@ -26,7 +26,7 @@ pytestmark = [
 # Floors: the level reached (bench/results/json_schema_suite.json); raise them as coverage
 # grows, never lower them.
 FLOORS = {  # engine: (schemas compiled, instances decided right)
-    "xgrammar": (249, 831),
+    "xgrammar": (250, 835),
     "llguidance": (289, 951),
     "auto": (301, 1005),
 }
