@@ -89,12 +89,12 @@ def engine_schema_text(text: str) -> str:
     """The schema an engine compiles for the schema JSON ``text``: :func:`lower`'s result,
     as JSON text (cached: ``auto`` lowers once for both engines)."""
     schema = json.loads(text)
-    if isinstance(schema, Mapping) and not _needs_lowering(schema):
-        return text  # (most schemas: no copy, no rewrite, no new text)
     try:
         lowered = lower(schema, approximate=True)
-        if lowered is False and lower(schema) is not False:
-            # The narrowing left nothing: keep the keywords (the engines refuse them).
+        if lowered is schema and isinstance(schema, Mapping):
+            return text  # (most schemas: nothing to rewrite, no new text)
+        if lowered is False:
+            # If the narrowing left nothing, keep the keywords (the engines refuse them).
             lowered = lower(schema)
     except (RecursionError, ValueError, TypeError, KeyError, IndexError) as exc:
         # A shape the rewrites did not foresee: the engines get the schema as it is (and
@@ -169,9 +169,7 @@ def _needs_lowering(schema: Mapping[str, Any]) -> bool:
         if ("enum" in keys or "const" in keys) and (
                 keys - _ANNOTATIONS - {"enum", "const", "type"}):
             return True  # the values the other keywords reject are dropped
-        props = node.get("properties")
-        if isinstance(props, Mapping) and isinstance(node.get("required"), list) and any(
-                props.get(n) is False for n in node["required"]):
+        if _requires_false(node, typed=False):
             return True
         for k in _COUNTS:
             if isinstance(node.get(k), float):
@@ -446,15 +444,16 @@ class _Lowerer:
     def rewrite(self, s: dict[str, Any], depth: int = 0) -> Any:
         """Apply the steps in order; a step that builds a new schema (a merge brings
         keywords together that may need lowering again) restarts from its children."""
-        steps: tuple[Callable[[dict[str, Any]], Any], ...] = (
-                 self._drop_vacuous, self._enum_filter, self._drop_false_branches, self._merge_all_of, self._merge_ref,
-                 self._unevaluated, self._not, self._if_then_else, self._dependent,
-                 self._distribute, self._one_of_by_type, self._one_of_exclusive,
-                 self._contains, self._format_subset)
+        # What is "evaluated" depends on the applicators beside unevaluated*: only these
+        # rewrites keep it (merging allOf and $ref targets into the schema).
+        keeping: tuple[Callable[[dict[str, Any]], Any], ...] = (
+            self._drop_vacuous, self._enum_filter, self._drop_false_branches,
+            self._merge_all_of, self._merge_ref, self._unevaluated)
+        steps = (*keeping, self._not, self._if_then_else, self._dependent, self._distribute,
+                 self._one_of_by_type, self._one_of_exclusive, self._contains,
+                 self._format_subset)
         if "unevaluatedProperties" in s or "unevaluatedItems" in s:
-            # What is "evaluated" depends on the applicators beside: only rewrites that
-            # keep it (merging allOf and $ref targets into this schema) run first.
-            steps = steps[:6]
+            steps = keeping
         elif self.keep:
             # Subsets would change which properties and items count as evaluated.
             steps = tuple(st for st in steps if st not in (
@@ -733,16 +732,14 @@ class _Lowerer:
         if not isinstance(least, int) or not (most is None or isinstance(most, int)) or (
                 not isinstance(prefix, list) or isinstance(items, list)):
             raise _NotExact("contains with draft-4 items or non-integer counts")
-        if most is not None and most < least:
-            return merge({k: v for k, v in s.items() if k not in (
-                "contains", "minContains", "maxContains")},
-                {"type": [t for t in _TYPES if t != "array"]}, self.inline)
-        match = merge(items, s["contains"], self.inline)
         rest = {k: v for k, v in s.items() if k not in ("contains", "minContains",
                                                          "maxContains")}
+        if most is not None and most < least:
+            return merge(rest, _NO_ARRAY, self.inline)  # no array can hold the matches
+        match = merge(items, s["contains"], self.inline)
+        if least > 0 and match is False:
+            return merge(rest, _NO_ARRAY, self.inline)
         if least > 0:
-            if match is False:
-                return merge(rest, {"type": [t for t in _TYPES if t != "array"]}, self.inline)
             rest["prefixItems"] = [*prefix, *([match] * least)]
             rest["minItems"] = max(rest.get("minItems", 0), len(prefix) + least)
         if most is not None:
@@ -783,6 +780,8 @@ class _Lowerer:
         return s
 
 
+#: Every instance but arrays.
+_NO_ARRAY = {"type": [t for t in _TYPES if t != "array"]}
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
            "minContains", "maxContains")
 #: Subschema keywords that constrain nothing when their value is ``true`` (or ``{}``).
@@ -795,6 +794,21 @@ _VACUOUS_KEYS = frozenset((*_COUNTS, *_VACUOUS_WHEN_TRUE, "uniqueItems", "not", 
                            "dependencies", "required"))
 
 
+def _requires_false(s: Mapping[str, Any], *, typed: bool = True) -> bool:
+    """``s`` requires a property whose schema is ``false``: no object is valid, and with
+    ``typed`` (``s`` accepts objects only) no instance at all."""
+    props, required = s.get("properties"), s.get("required")
+    return (isinstance(props, Mapping) and isinstance(required, list)
+            and (not typed or _types(s) == {"object"})
+            and any(props.get(n) is False for n in required if isinstance(n, str)))
+
+
+def _changed(out: Any, s: Any) -> Any:
+    """``out`` if it differs from ``s`` as JSON (``2.0`` vs ``2`` included), else ``s``: a
+    step that returns ``s`` itself made no rewrite."""
+    return out if json.dumps(out) != json.dumps(s) else s
+
+
 def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
     """Keywords that constrain nothing or have a plainer equal form: counts written as
     floats (``2.0``), ``true`` subschemas, ``uniqueItems: false``, ``propertyNames: false``
@@ -804,10 +818,8 @@ def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
     evaluate everything (``items``, ``additionalProperties``, ``unevaluated*``) stay."""
     if not s.keys() & _VACUOUS_KEYS:
         return s
-    props = s.get("properties")
-    if isinstance(props, Mapping) and isinstance(s.get("required"), list) and (
-            _types(s) == {"object"}) and any(props.get(n) is False for n in s["required"]):
-        return False  # a required property no value satisfies: no object is valid
+    if _requires_false(s):
+        return False
     out = dict(s)
     fmt = out.get("format")
     if isinstance(fmt, str) and fmt not in STANDARD_FORMATS:
@@ -856,7 +868,7 @@ def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
         least = out.get("minContains", 1)
         most = out.get("maxContains")
         if not isinstance(least, int) or not (most is None or isinstance(most, int)):
-            return out if out != s else s
+            return _changed(out, s)
         if least == 0 and most is None:
             for k in ("contains", "minContains"):
                 out.pop(k, None)
@@ -871,8 +883,8 @@ def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
             for k in ("contains", "minContains", "maxContains"):
                 out.pop(k, None)
             if least > 0:  # no array can hold a match
-                out = merge(out, {"type": [t for t in _TYPES if t != "array"]}, _no_inline)
-    return out if json.dumps(out) != json.dumps(s) else s
+                out = merge(out, _NO_ARRAY, _no_inline)
+    return _changed(out, s)
 
 
 #: Keywords whose subschemas are negated by some rewrite (lowered exactly).
@@ -1058,10 +1070,8 @@ def merge(a: Any, b: Any, inline: Any, *, host: bool = False) -> Any:
                     out["prefixItems"][i] = merge(out["prefixItems"][i], other["items"], inline)
     if out.get("enum") == []:
         return False
-    props = out.get("properties")
-    if isinstance(props, Mapping) and _types(out) == {"object"} and any(
-            props.get(n) is False for n in out.get("required", [])):
-        return False  # a required property no value satisfies: no object is valid
+    if _requires_false(out):
+        return False
     if "type" in out:
         types = _types(out) or set()
         if not types:
