@@ -23,12 +23,16 @@ from typing import Any
 import numpy as np
 
 from ..runtime.engines import engine_class
-from ..runtime.errors import GrammarCompileError, GrammarSpecError, GrammarTimeout
+from ..runtime.errors import (
+    GrammarCompileError,
+    GrammarEmptyLanguage,
+    GrammarSpecError,
+    GrammarTimeout,
+)
 from ..runtime.runtime import GrammarRuntime
 from ..runtime.specs import GrammarSpec
 from ..runtime.tokenizer_info import TokenizerInfo
 from ..runtime.worker import WorkerPool
-from .schema_suite import EMPTY_LANGUAGE
 
 __all__ = ["MODES", "load_records", "run_mode", "summarize", "summary_table"]
 
@@ -178,13 +182,15 @@ def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, 
             except GrammarTimeout as exc:
                 row.update(status="timeout", error=str(exc)[:200])
                 continue
+            except GrammarEmptyLanguage as exc:
+                # Refused as accepting no value: every instance is rejected.
+                invalid = sum(not t["valid"] for t in rec.get("tests", []))
+                row.update(status="empty", error=str(exc)[:200],
+                           tests=len(rec.get("tests", [])), tests_ok=invalid,
+                           invalid_ok=invalid)
+                continue
             except (GrammarCompileError, GrammarSpecError) as exc:
                 row.update(status="compile_error", error=str(exc)[:200])
-                if walker.kind == "runtime" and EMPTY_LANGUAGE in str(exc):
-                    # Refused as accepting no value: every instance is rejected.
-                    invalid = sum(not t["valid"] for t in rec.get("tests", []))
-                    row.update(status="empty", tests=len(rec.get("tests", [])),
-                               tests_ok=invalid, invalid_ok=invalid)
                 continue
             compile_times.append(seconds)
             row["compile_ms"] = round(seconds * 1e3, 3)

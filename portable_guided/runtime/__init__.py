@@ -12,6 +12,7 @@ from __future__ import annotations
 from .errors import (
     CompileWorkerLost,
     GrammarCompileError,
+    GrammarEmptyLanguage,
     GrammarEngineError,
     GrammarError,
     GrammarNotReady,
@@ -32,6 +33,7 @@ __all__ = [
     "ON_ERROR_POLICIES",
     "CompileWorkerLost",
     "GrammarCompileError",
+    "GrammarEmptyLanguage",
     "GrammarEngineError",
     "GrammarError",
     "GrammarNotReady",

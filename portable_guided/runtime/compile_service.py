@@ -22,7 +22,13 @@ from .engines import (
     create_engine,
     engine_class,
 )
-from .errors import CompileWorkerLost, GrammarCompileError, GrammarTimeout, RuntimeClosed
+from .errors import (
+    CompileWorkerLost,
+    GrammarCompileError,
+    GrammarEmptyLanguage,
+    GrammarTimeout,
+    RuntimeClosed,
+)
 from .metrics import Metrics
 from .specs import GrammarSpec
 from .tokenizer_info import TokenizerInfo
@@ -316,10 +322,7 @@ class CompileService:
                 serialize="always" if self._disk is not None else "auto",
             )
             t_reply = time.perf_counter()
-            if status == "unsupported":
-                raise GrammarCompileError(f"unsupported spec: {text}", engine=name)
-            if status != "ok":
-                raise GrammarCompileError(str(text), engine=name)
+            _raise_for_status(status, text, name)
             if text is None:  # compiled (and checked) fast in the worker: cheaper to redo
                 grammar, source = engine.compile(spec), "local"
             else:
@@ -367,10 +370,7 @@ class CompileService:
                             "killed at the deadline; no race starts until it ends", spec)
                 here.add_done_callback(self._runaway_ended)
             raise
-        if status == "unsupported":
-            raise GrammarCompileError(f"unsupported spec: {reply}", engine=name)
-        if status != "ok":
-            raise GrammarCompileError(str(reply), engine=name)
+        _raise_for_status(status, reply, name)
         # The worker finished first, proving the compile ends: this process's ends too.
         self.metrics.inc("races_won_worker")
         return here.result()
@@ -394,16 +394,31 @@ def _compile_here(engine: Engine, name: str, spec: GrammarSpec) -> Any:
     except UnsupportedSpec as exc:
         raise GrammarCompileError(f"unsupported spec: {exc}", engine=name) from exc
     except EmptyLanguage as exc:
-        raise GrammarCompileError(str(exc), engine=name) from exc
+        raise GrammarEmptyLanguage(str(exc), engine=name) from exc
     except Exception as exc:
         raise GrammarCompileError(f"{type(exc).__name__}: {exc}", engine=name) from exc
 
 
+def _raise_for_status(status: str, text: Any, engine: str) -> None:
+    """Raise the error a worker's reply reports (nothing for "ok")."""
+    if status == "unsupported":
+        raise GrammarCompileError(f"unsupported spec: {text}", engine=engine)
+    if status == "empty":
+        raise GrammarEmptyLanguage(str(text), engine=engine)
+    if status != "ok":
+        raise GrammarCompileError(str(text), engine=engine)
+
+
 def _combine(errors: list[GrammarCompileError]) -> GrammarCompileError:
+    """One error for a spec every engine failed: a time-out or an empty language only when
+    every engine said so (one engine's refusal says nothing about the other's)."""
     if len(errors) == 1:
         return errors[0]
     detail = "; ".join(str(e) for e in errors)
-    cls = GrammarTimeout if all(isinstance(e, GrammarTimeout) for e in errors) else GrammarCompileError
+    cls: type[GrammarCompileError] = GrammarCompileError
+    for kind in (GrammarTimeout, GrammarEmptyLanguage):
+        if all(isinstance(e, kind) for e in errors):
+            cls = kind
     return cls(f"every engine failed: {detail}")
 
 

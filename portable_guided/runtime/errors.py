@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "CompileWorkerLost",
     "GrammarCompileError",
+    "GrammarEmptyLanguage",
     "GrammarEngineError",
     "GrammarError",
     "GrammarNotReady",
@@ -46,6 +47,12 @@ class GrammarCompileError(GrammarError):
 
 class GrammarTimeout(GrammarCompileError):
     """A compile ran past its time limit; the worker that ran it was killed."""
+
+
+class GrammarEmptyLanguage(GrammarCompileError):
+    """The spec accepts no output at all (an unsatisfiable JSON schema, a grammar whose first
+    mask allows nothing): a request for it could produce nothing, so it fails instead of
+    serving an empty mask. A caller that must answer anyway knows every output is invalid."""
 
 
 class CompileWorkerLost(GrammarCompileError):

@@ -27,7 +27,7 @@ __all__ = ["WorkerPool", "WorkerReply"]
 
 log = logging.getLogger(__name__)
 
-#: (status, text, compile_seconds): status is "ok", "unsupported" or "error"; for "ok",
+#: (status, text, compile_seconds): status is "ok", "unsupported", "empty" or "error"; for "ok",
 #: text is the serialized grammar or None (recompile locally).
 WorkerReply = tuple[str, Any, float]
 
@@ -88,7 +88,7 @@ class _Duplex:
 
 
 def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
-    from .engines import UnsupportedSpec, compile_checked, engine_class
+    from .engines import EmptyLanguage, UnsupportedSpec, compile_checked, engine_class
     from .specs import GrammarSpec
 
     engines = {name: engine_class(name).from_payload(payload)
@@ -115,6 +115,8 @@ def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
             conn.send((job_id, ("ok", text, seconds)))
         except UnsupportedSpec as exc:
             conn.send((job_id, ("unsupported", str(exc), time.perf_counter() - t0)))
+        except EmptyLanguage as exc:
+            conn.send((job_id, ("empty", str(exc), time.perf_counter() - t0)))
         except Exception as exc:  # noqa: BLE001 - the engine's diagnosis goes to the request
             conn.send((job_id, ("error", f"{type(exc).__name__}: {exc}",
                                 time.perf_counter() - t0)))

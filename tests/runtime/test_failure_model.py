@@ -26,6 +26,7 @@ from test_compile_service import nested_any_of
 from portable_guided.runtime import (
     CompileWorkerLost,
     GrammarCompileError,
+    GrammarEmptyLanguage,
     GrammarEngineError,
     GrammarRejectedToken,
     GrammarRuntime,
@@ -133,14 +134,20 @@ def test_swapped_disk_entry_is_refused(info, tmp_path, caplog):
     assert any("belongs to another key" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("timeout_s", [None, 60], ids=["in-process", "worker"])
 @pytest.mark.parametrize("engine", [*ENGINES, "auto"])
-def test_empty_language_fails_at_compile_time(info, engine):
+def test_empty_language_fails_at_compile_time(info, engine, timeout_s):
     """F4: ``{"$ref": "#"}`` has no finite instance; xgrammar's mask allowed nothing (every
-    logit -inf) and llguidance's only a stop token it then rejected."""
-    with GrammarRuntime(info, engine, compile_timeout_s=None) as rt:
+    logit -inf) and llguidance's only a stop token it then rejected. The error is its own
+    class whether the compile ran here or in a worker (the worker reports it as "empty")."""
+    with GrammarRuntime(info, engine, compile_timeout_s=timeout_s) as rt:
         req = rt.new_request(GrammarSpec.json_schema({"$ref": "#"})).wait(60)
-        assert req.failed and isinstance(req.error, GrammarCompileError)
+        assert req.failed and isinstance(req.error, GrammarEmptyLanguage), repr(req.error)
         assert "accepts no output at all" in str(req.error)
+        # Proven unsatisfiable before any engine sees it: the same class.
+        unsat = rt.new_request(GrammarSpec.json_schema(
+            {"type": "object", "required": ["a"], "properties": {"a": False}})).wait(60)
+        assert isinstance(unsat.error, GrammarEmptyLanguage), repr(unsat.error)
         # The empty string is a real language, not an empty one: it compiles.
         ok = rt.new_request(GrammarSpec.regex("(ab)*")).wait(60)
         assert not ok.failed, ok.error
@@ -478,3 +485,18 @@ def test_eviction_skips_what_is_not_an_entry(tmp_path):
     assert cache.put("ef" * 32, "y" * 50)  # over the bound: the first entry goes
     assert cache.get("cd" * 32) is None and cache.get("ef" * 32) == "y" * 50
     assert cache.problems == 0
+
+
+def test_combined_errors_keep_a_kind_only_when_every_engine_reports_it():
+    """``auto``'s error for a spec every engine failed: an empty language (or a time-out)
+    only when both engines say so; one engine's empty subset says nothing of the other."""
+    from portable_guided.runtime.compile_service import _combine
+
+    empty = [GrammarEmptyLanguage("no output", engine=e) for e in ENGINES]
+    assert type(_combine(empty)) is GrammarEmptyLanguage
+    mixed = [empty[0], GrammarCompileError("unsupported spec: not", engine=ENGINES[1])]
+    combined = _combine(mixed)
+    assert type(combined) is GrammarCompileError
+    assert str(empty[0]) in str(combined) and "unsupported spec: not" in str(combined)
+    timeouts = [GrammarTimeout("slow", engine=e) for e in ENGINES]
+    assert type(_combine(timeouts)) is GrammarTimeout
