@@ -83,8 +83,8 @@ def run_suite(groups: Sequence[dict[str, Any]], info: TokenizerInfo, engine: str
 
 
 def summarize_suite(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Counts over :func:`run_suite`'s rows: schemas compiled, instances decided right,
-    invalid instances accepted (must be 0), valid instances rejected, and the ids of the
+    """Counts over :func:`run_suite`'s rows: schemas compiled, instances decided right (in
+    all, and on the schemas compiled only), invalid instances accepted (must be 0), valid instances rejected, and the ids of the
     groups with an accepted invalid instance."""
     tests = [t for r in rows for t in r["tests"]]
     return {
@@ -94,6 +94,9 @@ def summarize_suite(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "timeouts": sum(r["status"] == "timeout" for r in rows),
         "instances": sum(r["n_tests"] for r in rows),
         "decided_right": sum(valid == accepted for valid, accepted in tests),
+        # The same, leaving out the rejections of schemas refused as accepting nothing.
+        "decided_right_compiled": sum(valid == accepted for r in rows if r["status"] == "ok"
+                                      for valid, accepted in r["tests"]),
         "invalid_accepted": sum(accepted and not valid for valid, accepted in tests),
         "valid_rejected": sum(valid and not accepted for valid, accepted in tests),
         "unsound_groups": [r["id"] for r in rows

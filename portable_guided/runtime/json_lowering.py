@@ -169,7 +169,7 @@ def _needs_lowering(schema: Mapping[str, Any]) -> bool:
         if ("enum" in keys or "const" in keys) and (
                 keys - _ANNOTATIONS - {"enum", "const", "type"}):
             return True  # the values the other keywords reject are dropped
-        if _requires_false(node, typed=False):
+        if _requires_false(node, typed=False) or node.get("enum") == []:
             return True
         for k in _COUNTS:
             if isinstance(node.get(k), float):
@@ -331,7 +331,10 @@ class _Lowerer:
             doc.get("$defs"), Mapping) else {}
         self._lowered: dict[str, Any] = {}
         self._busy: set[str] = set()
+        # keep: the schema being rewritten produces annotations an unevaluated* keyword
+        # sees (its own or an enclosing one's); inherited: only an enclosing one's.
         self.keep = False
+        self.inherited = False
 
     def run(self) -> Any:
         defs = self.doc.pop("$defs", None)
@@ -422,6 +425,7 @@ class _Lowerer:
         only rewrites that keep them (not ``not`` nor ``if``) may run."""
         if not isinstance(s, dict):
             return s
+        inherited = keep
         keep = keep or "unevaluatedProperties" in s or "unevaluatedItems" in s
         for key in _SUB:
             if key in s and isinstance(s[key], (Mapping, bool)):
@@ -435,11 +439,12 @@ class _Lowerer:
             if isinstance(s.get(key), list):
                 with self._exact() if key in _NEGATED else contextlib.nullcontext():
                     s[key] = [self.node(v, depth, keep and key in _IN_PLACE) for v in s[key]]
-        saved, self.keep = self.keep, keep
+        saved = self.keep, self.inherited
+        self.keep, self.inherited = keep, inherited
         try:
             return self.rewrite(s, depth)
         finally:
-            self.keep = saved
+            self.keep, self.inherited = saved
 
     def rewrite(self, s: dict[str, Any], depth: int = 0) -> Any:
         """Apply the steps in order; a step that builds a new schema (a merge brings
@@ -448,7 +453,8 @@ class _Lowerer:
         # rewrites keep it (merging allOf and $ref targets into the schema).
         keeping: tuple[Callable[[dict[str, Any]], Any], ...] = (
             self._drop_vacuous, self._enum_filter, self._drop_false_branches,
-            self._merge_all_of, self._merge_ref, self._unevaluated)
+            self._merge_all_of, self._merge_ref, self._unevaluated,
+            self._unevaluated_branches)
         steps = (*keeping, self._not, self._if_then_else, self._dependent, self._distribute,
                  self._one_of_by_type, self._one_of_exclusive, self._contains,
                  self._format_subset)
@@ -467,12 +473,16 @@ class _Lowerer:
             except _NotExact:
                 continue
             if out is not s:
-                return self.node(out, depth + 1, self.keep) if depth < 8 else out
+                # `out` may have lost its unevaluated* keywords: only an enclosing one's
+                # annotations then matter.
+                return self.node(out, depth + 1, self.inherited) if depth < 8 else out
         return s
 
     # -- steps (each returns the rewritten schema or raises _NotExact) -----------------------
     def _drop_vacuous(self, s: dict[str, Any]) -> Any:
-        return _drop_vacuous(s, evaluated_matters=self.keep)
+        # A $defs entry is lowered once, outside any context: with unevaluated* anywhere,
+        # a reference to it may be one that an unevaluated* keyword sees through.
+        return _drop_vacuous(s, evaluated_matters=self.keep or self.annotations_matter)
 
     def _enum_filter(self, s: dict[str, Any]) -> Any:
         """``enum``/``const`` beside other keywords as the ``enum`` of the values that the
@@ -609,6 +619,9 @@ class _Lowerer:
         # `not` evaluates nothing, so it may stay beside (and be lowered afterwards).
         applicators = {"allOf", "anyOf", "oneOf", "$ref", "if", "then", "else",
                        "dependentSchemas", "$dynamicRef"}
+        if "unevaluatedProperties" not in s and "unevaluatedItems" not in s:
+            return s
+        s = dict(s)  # a new schema: lowered again, now with every step
         if "unevaluatedProperties" in s:
             if applicators & set(s):
                 raise _NotExact("applicators beside unevaluatedProperties")
@@ -622,6 +635,50 @@ class _Lowerer:
             if "items" not in s:
                 s["items"] = u
         return s
+
+    def _unevaluated_branches(self, s: dict[str, Any]) -> Any:
+        """``unevaluated*`` beside ``oneOf``, ``if`` or ``anyOf``, as an ``anyOf`` with one
+        branch per way the instance can be valid: the whole schema with that way's
+        subschemas in ``allOf`` and the ways that must fail under ``not`` (which evaluates
+        nothing). Exactly one way holds for ``oneOf`` (branch i and not the others) and for
+        ``if`` (if and then, or not if and else), so each branch's ``unevaluated*`` sees
+        what the original saw and may then become ``additionalProperties``/``items``. An
+        ``anyOf`` evaluates the union of every branch that holds: exact when its branches
+        are disjoint; otherwise, with ``approximate``, each branch alone (a subset)."""
+        if "unevaluatedProperties" not in s and "unevaluatedItems" not in s:
+            return s
+        key = next((k for k in ("oneOf", "if", "anyOf") if k in s), None)
+        if key is None:
+            return s
+        rest = {k: v for k, v in s.items() if k not in (key, "then", "else", "not")}
+        ways: list[tuple[list[Any], list[Any]]]  # (must hold, must fail)
+        if key == "if":
+            ways = [([s["if"], s.get("then", True)], []), ([s.get("else", True)], [s["if"]])]
+        else:
+            options = s[key]
+            if not isinstance(options, list) or not options:
+                raise _NotExact(f"{key} is not a list")
+            if key == "oneOf":
+                ways = [([b], options[:i] + options[i + 1:]) for i, b in enumerate(options)]
+            else:
+                if not _pairwise_disjoint(options, self.defs):
+                    if not self.approximate:
+                        raise _NotExact("anyOf branches may overlap beside unevaluated*")
+                    self.approximated.append("anyOf beside unevaluated*: each branch alone")
+                ways = [([b], []) for b in options]
+        if key != "if" and ("then" in s or "else" in s):
+            rest.update({k: s[k] for k in ("then", "else") if k in s})
+        branches = []
+        for hold, fail in ways:
+            if "not" in s:
+                fail = [s["not"], *fail]
+            branch = {**copy.deepcopy(rest),
+                      "allOf": [*copy.deepcopy(rest.get("allOf", [])), *copy.deepcopy(hold)]}
+            if fail:
+                branch["allOf"].append(
+                    {"not": copy.deepcopy(fail[0] if len(fail) == 1 else {"anyOf": fail})})
+            branches.append(branch)
+        return {"anyOf": branches}
 
     def _split_types(self, s: dict[str, Any]) -> Any:
         """A schema without ``type`` whose keywords constrain some instance types: one
@@ -816,6 +873,8 @@ def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
     ``minContains``/``maxContains`` without ``contains``. ``evaluated_matters``: an
     ``unevaluated*`` keyword sees what ``s`` evaluates, so ``true`` subschemas that
     evaluate everything (``items``, ``additionalProperties``, ``unevaluated*``) stay."""
+    if s.get("enum") == []:
+        return False  # no value is among none
     if not s.keys() & _VACUOUS_KEYS:
         return s
     if _requires_false(s):

@@ -390,12 +390,12 @@ def test_disjoint_is_never_wrong(a, b):
 
 def test_a_narrowed_definition_under_a_negation_keeps_its_exact_form():
     # x is recursive (its $ref stays) and narrowed ("not integer" has no exact form: the
-    # subset leaves 1.5 out). Under `not` (kept: unevaluatedProperties beside it), the
-    # narrowed x would let 1.5 through.
+    # subset leaves 1.5 out). Under `not` (kept: unevaluatedItems beside it, which
+    # `contains` keeps from becoming `items`), the narrowed x would let 1.5 through.
     schema = {"$defs": {"x": {"anyOf": [{"not": {"type": "integer"}},
                                         {"type": "array", "items": {"$ref": "#/$defs/x"}}]}},
               "not": {"$ref": "#/$defs/x"}, "type": ["number", "array"],
-              "unevaluatedProperties": False}
+              "contains": {"type": "number"}, "unevaluatedItems": False}
     narrowed = lower(schema, approximate=True)
     assert narrowed["$defs"]["pg0"] != narrowed["$defs"]["pg0_exact"]
     for x in (1.5, 1, [1.5], [1], "a", [[1]]):
@@ -440,3 +440,78 @@ def test_suite_and_maskbench_schemas_the_fast_path_skips_lower_to_themselves():
     assert len(skipped) > 100
     for s in skipped:
         assert json.dumps(_full_lowering(s)) == json.dumps(s), s
+
+
+# -- unevaluated* beside oneOf / if / anyOf ----------------------------------------------------
+OBJECT_INSTANCES = st.dictionaries(st.sampled_from([*NAMES, "d"]), instances, max_size=3)
+ARRAY_INSTANCES = st.lists(instances, max_size=3)
+
+
+def _annotating(sub):
+    """Subschemas that evaluate properties or items (what unevaluated* sees through)."""
+    return st.one_of(
+        st.builds(lambda p, r: {"properties": p, **r},
+                  st.dictionaries(st.sampled_from(NAMES), sub, min_size=1, max_size=2),
+                  st.one_of(st.just({}), st.builds(lambda n: {"required": n}, st.lists(
+                      st.sampled_from(NAMES), min_size=1, max_size=2, unique=True)))),
+        st.builds(lambda p: {"prefixItems": p}, st.lists(sub, min_size=1, max_size=3)),
+        st.builds(lambda u: {"unevaluatedProperties": u}, st.booleans()),
+        sub,
+    )
+
+
+@st.composite
+def _beside_unevaluated(draw):
+    sub = _schemas()
+    branch = _annotating(sub)
+    key = draw(st.sampled_from(["oneOf", "anyOf", "if"]))
+    shape = (
+        {"if": draw(branch), **draw(st.one_of(st.just({}), st.builds(
+            lambda t: {"then": t}, branch))), **draw(st.one_of(st.just({}), st.builds(
+                lambda e: {"else": e}, branch)))}
+        if key == "if" else {key: draw(st.lists(branch, min_size=1, max_size=3))})
+    own = draw(st.one_of(st.just({}), _annotating(sub)))
+    if not isinstance(own, dict):
+        own = {}
+    word = draw(st.sampled_from(["unevaluatedProperties", "unevaluatedItems"]))
+    return {**own, **shape, word: draw(st.one_of(st.booleans(), sub))}
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_beside_unevaluated(), _schemas(),
+       st.lists(st.one_of(OBJECT_INSTANCES, ARRAY_INSTANCES, instances), min_size=8,
+                max_size=8))
+def test_unevaluated_beside_branches_is_exact(schema, target, xs):
+    """Each way the instance can be valid becomes a branch of its own, whose unevaluated*
+    sees what the original saw: the validator decides every instance the same way, and the
+    approximate form (anyOf branches alone) accepts nothing the schema rejects."""
+    schema, expected = _checked(schema, target, xs)
+    if expected is None:
+        return
+    lowered = lower(schema)
+    got = _decisions(lowered, xs)
+    assert got in (expected, None), (schema, lowered, xs)
+    _assert_subset(schema, expected, xs)
+
+
+def test_unevaluated_beside_one_of_and_if_become_additional_keywords():
+    """The suite's shapes the engines could not take before (unevaluatedProperties.json
+    groups 12 and 14): with the branches split, no unevaluated* keyword is left."""
+    one_of = {"properties": {"foo": {"type": "string"}},
+              "oneOf": [{"properties": {"bar": {"const": "bar"}}, "required": ["bar"]},
+                        {"properties": {"baz": {"const": "baz"}}, "required": ["baz"]}],
+              "unevaluatedProperties": False}
+    if_then = {"if": {"properties": {"foo": {"const": "then"}}, "required": ["foo"]},
+               "then": {"properties": {"bar": {"type": "string"}}, "required": ["bar"]},
+               "else": {"properties": {"baz": {"type": "string"}}, "required": ["baz"]},
+               "unevaluatedProperties": False}
+    for schema in (one_of, if_then):
+        lowered = lower(schema, approximate=True)
+        assert "unevaluated" not in json.dumps(lowered), lowered
+    assert _valid(lower(one_of), {"foo": "x", "bar": "bar"})
+    assert not _valid(lower(one_of), {"foo": "x", "bar": "bar", "baz": "baz"})
+    assert not _valid(lower(one_of), {"bar": "bar", "other": 1})
+    assert _valid(lower(if_then), {"foo": "then", "bar": "x"})
+    assert not _valid(lower(if_then), {"foo": "then", "bar": "x", "baz": "y"})
+    assert _valid(lower(if_then), {"foo": "else", "baz": "y"}) is False  # foo unevaluated
+    assert _valid(lower(if_then), {"baz": "y"})
