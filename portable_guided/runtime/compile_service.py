@@ -39,8 +39,9 @@ __all__ = ["RUNTIME_CACHE_VERSION", "CompileService", "CompiledGrammar"]
 log = logging.getLogger(__name__)
 
 #: Bumped whenever the meaning of a cached grammar changes (part of the disk cache key).
-RUNTIME_CACHE_VERSION = "4"  # 2: checksummed entries; 3: empty languages refused; 4: lowering
-# with sound subsets (a spec may compile to another grammar than before)
+#: 2: checksummed entries; 3: empty languages refused; 4: lowering with sound subsets (a spec
+#: may compile to another grammar than before); 5: unevaluated* split by branches.
+RUNTIME_CACHE_VERSION = "5"
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
 #: receiving the worker's serialized grammar. Kept at 0.1 s by measurement (xgrammar 0.2.8,
