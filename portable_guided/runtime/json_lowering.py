@@ -28,7 +28,6 @@ may overlap, read as ``anyOf``; ``$dynamicRef``; unresolved non-pointer ``$ref``
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import json
 import logging
@@ -84,6 +83,16 @@ class _NotExact(Exception):
     """A rewrite that would not be exact for this schema (the keyword stays)."""
 
 
+def _copy(x: Any) -> Any:
+    """A deep copy of a JSON value (dicts and lists rebuilt; the rest is immutable): several
+    times faster than ``copy.deepcopy``, which the lowering calls on every merge."""
+    if isinstance(x, dict):
+        return {k: _copy(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_copy(v) for v in x]
+    return x
+
+
 @functools.lru_cache(maxsize=256)
 def engine_schema_text(text: str) -> str:
     """The schema an engine compiles for the schema JSON ``text``: :func:`lower`'s result,
@@ -130,7 +139,7 @@ def lower(schema: Any, *, approximate: bool = False) -> Any:
         return schema
     if not _needs_lowering(schema):
         return schema  # (most schemas: one cheap walk instead of a copy and every step)
-    doc = _hoist_refs(copy.deepcopy(dict(schema)))
+    doc = _hoist_refs(_copy(dict(schema)))
     lowerer = _Lowerer(doc, approximate=approximate)
     out = lowerer.run()
     for where in lowerer.approximated:
@@ -147,6 +156,43 @@ _ACTED_ON = frozenset(("$ref", "$id", "$anchor", "$dynamicAnchor", "$dynamicRef"
                        "$defs", "definitions", "dependencies"))
 
 
+def _plain_ref(node: Mapping[str, Any], root: Mapping[str, Any]) -> bool:
+    """A ``$ref`` alone (annotations aside) to a root definition by a plain pointer: the
+    engines resolve it as the lowering would (which only renames it)."""
+    ref = node["$ref"]
+    if not isinstance(ref, str) or set(node) - _ANNOTATIONS - {"$ref"}:
+        return False
+    for container in ("$defs", "definitions"):
+        prefix = f"#/{container}/"
+        name = ref[len(prefix):] if ref.startswith(prefix) else None
+        if name is not None and not set(name) & set("/~%") and isinstance(
+                root.get(container), Mapping) and isinstance(root[container].get(name),
+                                                             (Mapping, bool)):
+            return True
+    return False
+
+
+def _bare_any_of(node: Mapping[str, Any], root: Mapping[str, Any]) -> bool:
+    """An ``anyOf`` of two or more schemas with nothing but annotations beside it: no step
+    rewrites it (its branches are looked at on their own)."""
+    branches = node["anyOf"]
+    return (isinstance(branches, list) and len(branches) > 1
+            and all(isinstance(b, Mapping) for b in branches)
+            and not set(node) - _ANNOTATIONS - {"anyOf", "$defs", "definitions"})
+
+
+def _definitions(node: Mapping[str, Any], root: Mapping[str, Any]) -> bool:
+    """Definitions at the root: looked at entry by entry (references to them are checked
+    where they are)."""
+    return node is root
+
+
+#: Keywords in :data:`_ACTED_ON` that need no lowering in the forms these accept.
+_PASSIVE: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]] = {
+    "$ref": _plain_ref, "anyOf": _bare_any_of, "$defs": _definitions,
+    "definitions": _definitions}
+
+
 def _needs_lowering(schema: Mapping[str, Any]) -> bool:
     """Whether :func:`lower` can change ``schema``: a keyword some rewrite acts on, a count
     written as a float, a ``true``/``{}`` subschema, a format with an ASCII form, or
@@ -160,8 +206,10 @@ def _needs_lowering(schema: Mapping[str, Any]) -> bool:
             return True  # not a schema: let the rewrites decide
         keys = node.keys()
         fmt = node.get("format")
-        if keys & _ACTED_ON or fmt in _ASCII_FORMAT or fmt == "date" or (
+        if keys & _ACTED_ON - _PASSIVE.keys() or fmt in _ASCII_FORMAT or fmt == "date" or (
                 isinstance(fmt, str) and fmt not in STANDARD_FORMATS):
+            return True
+        if any(k in node and not check(node, schema) for k, check in _PASSIVE.items()):
             return True
         if "type" not in node and "enum" not in node and "const" not in node and any(
                 k in _FAMILY for k in keys):
@@ -280,7 +328,7 @@ def _hoist_refs(doc: dict[str, Any]) -> dict[str, Any]:
             continue
         name = targets.setdefault(pointer, f"pg{len(targets)}")
         node["$ref"] = f"#/$defs/{name}"
-    copies = {name: copy.deepcopy(_get(doc, pointer)) for pointer, name in targets.items()}
+    copies = {name: _copy(_get(doc, pointer)) for pointer, name in targets.items()}
     resolved = {f"#/$defs/{n}" for n in copies}
 
     def clean(node: Any, root: bool) -> Any:
@@ -404,7 +452,7 @@ class _Lowerer:
             raise _NotExact("recursive $ref")
         self._busy.add(key)
         try:
-            out = self.node(copy.deepcopy(self.defs[name]), keep=self.keep)
+            out = self.node(_copy(self.defs[name]), keep=self.keep)
         finally:
             self._busy.discard(key)
         self._lowered[key] = out
@@ -417,7 +465,7 @@ class _Lowerer:
         target = self.target(ref)
         if any(True for _ in _refs(target)):
             raise _NotExact("a $ref inside the target")
-        return copy.deepcopy(target)
+        return _copy(target)
 
     def node(self, s: Any, depth: int = 0, keep: bool = False) -> Any:
         """``s`` lowered, children first. ``keep``: ``s`` is an in-place applicator of a
@@ -497,7 +545,9 @@ class _Lowerer:
             from jsonschema import Draft202012Validator as Validator
         except ImportError:
             return s
-        check = {k: v for k, v in s.items() if k not in _ANNOTATIONS}
+        # The values come from the enum: checking them against it again is quadratic.
+        check = {k: v for k, v in s.items() if k not in _ANNOTATIONS and k != "enum"
+                 and not (k == "const" and "enum" not in s)}
         try:
             validator = Validator(check, format_checker=Validator.FORMAT_CHECKER)
             kept = [v for v in values if validator.is_valid(v)]
@@ -672,11 +722,11 @@ class _Lowerer:
         for hold, fail in ways:
             if "not" in s:
                 fail = [s["not"], *fail]
-            branch = {**copy.deepcopy(rest),
-                      "allOf": [*copy.deepcopy(rest.get("allOf", [])), *copy.deepcopy(hold)]}
+            branch = {**_copy(rest),
+                      "allOf": [*_copy(rest.get("allOf", [])), *_copy(hold)]}
             if fail:
                 branch["allOf"].append(
-                    {"not": copy.deepcopy(fail[0] if len(fail) == 1 else {"anyOf": fail})})
+                    {"not": _copy(fail[0] if len(fail) == 1 else {"anyOf": fail})})
             branches.append(branch)
         return {"anyOf": branches}
 
@@ -863,6 +913,8 @@ def _requires_false(s: Mapping[str, Any], *, typed: bool = True) -> bool:
 def _changed(out: Any, s: Any) -> Any:
     """``out`` if it differs from ``s`` as JSON (``2.0`` vs ``2`` included), else ``s``: a
     step that returns ``s`` itself made no rewrite."""
+    if out != s:  # (cheap; equal values may still differ as JSON: 2.0 == 2)
+        return out
     return out if json.dumps(out) != json.dumps(s) else s
 
 
@@ -1080,14 +1132,14 @@ def merge(a: Any, b: Any, inline: Any, *, host: bool = False) -> Any:
                                           or "unevaluatedItems" in side):
             raise _NotExact("unevaluated* would see other keywords")
     if a is True or a == {}:
-        return copy.deepcopy(b)
+        return _copy(b)
     if b is True or b == {}:
-        return copy.deepcopy(a)
+        return _copy(a)
     if a is False or b is False:
         return False
     if not isinstance(a, Mapping) or not isinstance(b, Mapping):
         raise _NotExact("not a schema")
-    a, b = copy.deepcopy(dict(a)), copy.deepcopy(dict(b))
+    a, b = _copy(dict(a)), _copy(dict(b))
     if "$ref" in a:
         return merge(merge(a, inline(a.pop("$ref")), inline), b, inline)
     if "$ref" in b:
