@@ -378,6 +378,9 @@ class _Lowerer:
         self.defs: dict[str, Any] = dict(doc.get("$defs") or {}) if isinstance(
             doc.get("$defs"), Mapping) else {}
         self._lowered: dict[str, Any] = {}
+        # Targets whose lowering took a subset (theirs or an inlined target's).
+        self._narrowed: set[str] = set()
+        self._reused_narrowed = 0
         self._busy: set[str] = set()
         # keep: the schema being rewritten produces annotations an unevaluated* keyword
         # sees (its own or an enclosing one's); inherited: only an enclosing one's.
@@ -395,7 +398,7 @@ class _Lowerer:
                     out_defs[name] = sub
                     continue
                 out_defs[name] = self.target(f"#/$defs/{name}")
-                if self.approximate:
+                if self.approximate and f"{name}/{self.keep}/True" in self._narrowed:
                     with self._exact():
                         exact = self.target(f"#/$defs/{name}")
                     if json.dumps(exact) != json.dumps(out_defs[name]):
@@ -447,16 +450,25 @@ class _Lowerer:
         name = ref.rsplit("/", 1)[-1]
         key = f"{name}/{self.keep}/{self.approximate}"
         if key in self._lowered:
+            if key in self._narrowed:
+                self._reused_narrowed += 1  # whoever inlines it is narrowed too
             return self._lowered[key]
         if key in self._busy:
             raise _NotExact("recursive $ref")
         self._busy.add(key)
+        subsets = self._subsets()
         try:
             out = self.node(_copy(self.defs[name]), keep=self.keep)
         finally:
             self._busy.discard(key)
+        if self._subsets() > subsets:
+            self._narrowed.add(key)
         self._lowered[key] = out
         return out
+
+    def _subsets(self) -> int:
+        """How many subsets were taken so far (a count that only grows)."""
+        return len(self.approximated) + self._reused_narrowed
 
     def inline(self, ref: str) -> Any:
         """The lowered target of ``ref`` if it is not recursive, else raise _NotExact."""
@@ -913,9 +925,11 @@ def _requires_false(s: Mapping[str, Any], *, typed: bool = True) -> bool:
 def _changed(out: Any, s: Any) -> Any:
     """``out`` if it differs from ``s`` as JSON (``2.0`` vs ``2`` included), else ``s``: a
     step that returns ``s`` itself made no rewrite."""
-    if out != s:  # (cheap; equal values may still differ as JSON: 2.0 == 2)
+    if out != s:
         return out
-    return out if json.dumps(out) != json.dumps(s) else s
+    # Equal values that differ as JSON: a count written 2.0 that became 2.
+    floats = isinstance(s, dict) and any(isinstance(s.get(k), float) for k in _COUNTS)
+    return out if floats and json.dumps(out) != json.dumps(s) else s
 
 
 def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
@@ -1089,6 +1103,20 @@ def _meet_types(a: set[str], b: set[str]) -> set[str]:
     return out
 
 
+def _same(x: Any, y: Any) -> bool:
+    """``_key(x) == _key(y)``, without writing either as JSON."""
+    if isinstance(x, bool) or isinstance(y, bool):
+        return x is y
+    if isinstance(x, dict):
+        return isinstance(y, dict) and x.keys() == y.keys() and all(
+            _same(v, y[k]) for k, v in x.items())
+    if isinstance(x, list):
+        return isinstance(y, list) and len(x) == len(y) and all(map(_same, x, y))
+    if isinstance(x, (int, float)):
+        return isinstance(y, (int, float)) and x == y
+    return type(x) is type(y) and x == y
+
+
 def _key(v: Any) -> str:
     """Identity of a JSON value as JSON Schema compares them (1 == 1.0, True != 1)."""
     def norm(x: Any) -> Any:
@@ -1199,7 +1227,7 @@ def _merge_key(k: str, a: Mapping[str, Any], b: Mapping[str, Any], inline: Any) 
     x, y = a[k], b[k]
     if k in _ANNOTATIONS or k == "$defs":
         return x
-    if _key(x) == _key(y) and k not in ("properties", "prefixItems"):
+    if _same(x, y) and k not in ("properties", "prefixItems"):
         return x
     if k == "type":
         ts = _meet_types(_types(a) or set(), _types(b) or set())
