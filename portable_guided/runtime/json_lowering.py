@@ -487,6 +487,18 @@ class _Lowerer:
             return s
         inherited = keep
         keep = keep or "unevaluatedProperties" in s or "unevaluatedItems" in s
+        if s.keys() & _CHILD_KEYS:
+            self._children_lowered(s, depth, keep)
+        if not s.keys() & _STEP_KEYS:
+            return s  # (most schemas in a document: no step acts on any of their keywords)
+        saved = self.keep, self.inherited
+        self.keep, self.inherited = keep, inherited
+        try:
+            return self.rewrite(s, depth)
+        finally:
+            self.keep, self.inherited = saved
+
+    def _children_lowered(self, s: dict[str, Any], depth: int, keep: bool) -> None:
         for key in _SUB:
             if key in s and isinstance(s[key], (Mapping, bool)):
                 with self._exact() if key in _NEGATED else contextlib.nullcontext():
@@ -499,12 +511,6 @@ class _Lowerer:
             if isinstance(s.get(key), list):
                 with self._exact() if key in _NEGATED else contextlib.nullcontext():
                     s[key] = [self.node(v, depth, keep and key in _IN_PLACE) for v in s[key]]
-        saved = self.keep, self.inherited
-        self.keep, self.inherited = keep, inherited
-        try:
-            return self.rewrite(s, depth)
-        finally:
-            self.keep, self.inherited = saved
 
     def rewrite(self, s: dict[str, Any], depth: int = 0) -> Any:
         """Apply the steps in order; a step that builds a new schema (a merge brings
@@ -1014,6 +1020,13 @@ def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
 
 #: Keywords whose subschemas are negated by some rewrite (lowered exactly).
 _NEGATED = frozenset(("not", "if", "oneOf", "contains"))
+#: Keywords holding subschemas (what ``_Lowerer.node`` descends into).
+_CHILD_KEYS = frozenset((*_SUB, *_MAPS, *_LISTS))
+#: Keywords some step of ``_Lowerer.rewrite`` acts on: a schema without any is left as it is.
+_STEP_KEYS = frozenset((*_VACUOUS_KEYS, "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
+                        "unevaluatedProperties", "unevaluatedItems", "not", "if", "then",
+                        "else", "dependentRequired", "dependentSchemas", "contains",
+                        "format"))
 #: Suffix of the exact form of a ``$defs`` entry whose lowering was narrowed.
 _EXACT = "_exact"
 
