@@ -239,6 +239,8 @@ def _needs_lowering(schema: Mapping[str, Any]) -> bool:
 
 # -- references ------------------------------------------------------------------------------
 def _children(node: Mapping[str, Any], pointer: str) -> Iterator[tuple[str, Any]]:
+    if not node.keys() & _CHILD_KEYS:
+        return  # (most nodes: a leaf)
     for key in _SUB:
         if key in node and isinstance(node[key], (Mapping, bool)):
             yield f"{pointer}/{key}", node[key]
@@ -250,6 +252,26 @@ def _children(node: Mapping[str, Any], pointer: str) -> Iterator[tuple[str, Any]
         if isinstance(node.get(key), list):
             for i, sub in enumerate(node[key]):
                 yield f"{pointer}/{key}/{i}", sub
+
+
+def _nodes(node: Any) -> Iterator[Any]:
+    """Every subschema of ``node`` and ``node`` itself (``_walk`` without the pointers)."""
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, dict) or not node.keys() & _CHILD_KEYS:
+            continue
+        for key in _SUB:
+            sub = node.get(key)
+            if isinstance(sub, (dict, bool)):
+                stack.append(sub)
+        for key in _MAPS:
+            if isinstance(node.get(key), dict):
+                stack.extend(node[key].values())
+        for key in (*_LISTS, "items"):
+            if isinstance(node.get(key), list):
+                stack.extend(node[key])
 
 
 def _walk(node: Any, pointer: str = "") -> Iterator[tuple[str, Any]]:
@@ -281,7 +303,7 @@ def _hoist_refs(doc: dict[str, Any]) -> dict[str, Any]:
     ``$defs`` (``pg<n>``); base URIs and anchors are dropped once resolved. A ``$ref`` that
     cannot be resolved locally (remote, unknown anchor) is left as it is; a schema with
     ``$dynamicRef`` keeps its anchors (its dynamic scope is not modelled)."""
-    dynamic = any(isinstance(n, Mapping) and "$dynamicRef" in n for _, n in _walk(doc))
+    dynamic = any(isinstance(n, Mapping) and "$dynamicRef" in n for n in _nodes(doc))
     resources: dict[str, str] = {}
     anchors: dict[str, str] = {}
     refs: list[tuple[dict[str, Any], str]] = []  # (node, absolute uri)
@@ -299,7 +321,10 @@ def _hoist_refs(doc: dict[str, Any]) -> dict[str, Any]:
             if isinstance(node.get(key), str):
                 anchors.setdefault(f"{base}#{node[key]}", pointer)
         if isinstance(node.get("$ref"), str):
-            refs.append((node, urllib.parse.urljoin(base, node["$ref"])))
+            ref = node["$ref"]
+            # (a fragment resolves against the base as it is: the common case, no urljoin)
+            refs.append((node, base + ref if ref.startswith("#") else urllib.parse.urljoin(
+                base, ref)))
         for p, sub in _children(node, pointer):
             visit(sub, p, base)
 
@@ -359,8 +384,8 @@ def _hoist_refs(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _refs(doc: Any) -> Iterator[str]:
-    for _, node in _walk(doc):
-        if isinstance(node, Mapping) and isinstance(node.get("$ref"), str):
+    for node in _nodes(doc):
+        if isinstance(node, dict) and isinstance(node.get("$ref"), str):
             yield node["$ref"]
 
 
@@ -1080,6 +1105,8 @@ def _date_as_pattern(s: Any) -> Any:
 def _map_bottom_up(s: Any, fn: Any) -> Any:
     if not isinstance(s, dict):
         return s
+    if not s.keys() & _CHILD_KEYS:
+        return fn(s)
     for key in _SUB:
         if key in s and isinstance(s[key], (Mapping, bool)):
             s[key] = _map_bottom_up(s[key], fn)
