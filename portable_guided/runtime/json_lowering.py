@@ -303,7 +303,7 @@ def _hoist_refs(doc: dict[str, Any]) -> dict[str, Any]:
     ``$defs`` (``pg<n>``); base URIs and anchors are dropped once resolved. A ``$ref`` that
     cannot be resolved locally (remote, unknown anchor) is left as it is; a schema with
     ``$dynamicRef`` keeps its anchors (its dynamic scope is not modelled)."""
-    dynamic = any(isinstance(n, Mapping) and "$dynamicRef" in n for n in _nodes(doc))
+    dynamic = _static_dynamic_refs(doc)
     resources: dict[str, str] = {}
     anchors: dict[str, str] = {}
     refs: list[tuple[dict[str, Any], str]] = []  # (node, absolute uri)
@@ -381,6 +381,30 @@ def _hoist_refs(doc: dict[str, Any]) -> dict[str, Any]:
         if isinstance(doc["$defs"], dict):
             doc["$defs"].update(copies)
     return doc
+
+
+def _static_dynamic_refs(doc: dict[str, Any]) -> bool:
+    """Turn each ``$dynamicRef`` that resolves the way a ``$ref`` does into one: a JSON
+    pointer, or a name no more than one ``$dynamicAnchor`` of the document holds (the dynamic
+    scope can then only find the anchor the static resolution finds; 2020-12 §8.2.3.2).
+    Whether any ``$dynamicRef`` is left."""
+    nodes = [n for n in _nodes(doc) if isinstance(n, dict)]
+    names: dict[str, int] = {}
+    for n in nodes:
+        if isinstance(n.get("$dynamicAnchor"), str):
+            names[n["$dynamicAnchor"]] = names.get(n["$dynamicAnchor"], 0) + 1
+    left = False
+    for n in nodes:
+        ref = n.get("$dynamicRef")
+        if not isinstance(ref, str):
+            continue
+        fragment = ref.partition("#")[2]
+        if "$ref" not in n and (fragment == "" or fragment.startswith("/")
+                                or names.get(fragment, 0) <= 1):
+            n["$ref"] = n.pop("$dynamicRef")
+        else:
+            left = True
+    return left
 
 
 def _refs(doc: Any) -> Iterator[str]:

@@ -525,3 +525,20 @@ def test_unevaluated_beside_one_of_and_if_become_additional_keywords():
     assert not _valid(lower(if_then), {"foo": "then", "bar": "x", "baz": "y"})
     assert _valid(lower(if_then), {"foo": "else", "baz": "y"}) is False  # foo unevaluated
     assert _valid(lower(if_then), {"baz": "y"})
+
+
+def test_dynamic_ref_with_one_anchor_of_its_name_resolves_as_a_ref():
+    """Only one ``$dynamicAnchor`` holds the name: the dynamic scope can find no other, so
+    the reference is static (dynamicRef.json group 0's shape). Two anchors of the name (a
+    schema extended through its dynamic scope) stay dynamic, and are refused."""
+    one = {"$id": "https://example.test/root", "type": "array",
+           "items": {"$dynamicRef": "#item"},
+           "$defs": {"item": {"$dynamicAnchor": "item", "type": "string"}}}
+    lowered = lower(one)
+    assert "$dynamic" not in json.dumps(lowered), lowered
+    for x, valid in ((["a", "b"], True), ([1], False), ([], True), ("a", False)):
+        assert _valid(one, x) is valid and _valid(lowered, x) is valid, (x, lowered)
+    two = {"$id": "https://example.test/root", "$dynamicAnchor": "item",
+           "items": {"$dynamicRef": "#item"},
+           "$defs": {"inner": {"$id": "inner", "$dynamicAnchor": "item", "type": "string"}}}
+    assert "$dynamicRef" in json.dumps(lower(two))
