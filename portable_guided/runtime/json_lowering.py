@@ -767,7 +767,8 @@ class _Lowerer:
         key = next((k for k in ("oneOf", "if", "anyOf") if k in s), None)
         if key is None:
             return s
-        rest = {k: v for k, v in s.items() if k not in (key, "then", "else", "not")}
+        taken = {key, "not", *(("then", "else") if key == "if" else ())}
+        rest = {k: v for k, v in s.items() if k not in taken}
         ways: list[tuple[list[Any], list[Any]]]  # (must hold, must fail)
         if key == "if":
             ways = [([s["if"], s.get("then", True)], []), ([s.get("else", True)], [s["if"]])]
@@ -783,8 +784,6 @@ class _Lowerer:
                         raise _NotExact("anyOf branches may overlap beside unevaluated*")
                     self.approximated.append("anyOf beside unevaluated*: each branch alone")
                 ways = [([b], []) for b in options]
-        if key != "if" and ("then" in s or "else" in s):
-            rest.update({k: s[k] for k in ("then", "else") if k in s})
         branches = []
         for hold, fail in ways:
             if "not" in s:
