@@ -245,18 +245,6 @@ class TestJSONModeXGrammar(JSONModeMixin, _KitCase):
     grammar_backend = "xgrammar"
 
 
-def test_both_backends_sampled_the_same_tokens() -> None:
-    """Our backend and SGLang's xgrammar backend (with our apply hook) give identical masks,
-    and sampling is seeded by request content, so each kit test sampled the same tokens."""
-    if not {"portable_guided", "xgrammar"} <= TOKENS.keys():
-        pytest.skip(f"needs the kit tests of both backends in this run (ran: {sorted(TOKENS)})")
-    ours, theirs = TOKENS["portable_guided"], TOKENS["xgrammar"]
-    common = sorted(ours.keys() & theirs.keys())
-    assert len(common) >= 10, f"only {len(common)} kit tests ran on both backends: {common}"
-    differ = {name: (ours[name], theirs[name]) for name in common if ours[name] != theirs[name]}
-    assert not differ, f"sampled tokens differ between the backends: {differ}"
-
-
 class TestJSONConstrainedLLGuidance(JSONConstrainedMixin, _KitCase):
     grammar_backend = "llguidance"
 
@@ -276,3 +264,15 @@ class TestEBNFConstrainedLLGuidance(EBNFConstrainedMixin, _KitCase):
 
 class TestJSONModeLLGuidance(JSONModeMixin, _KitCase):
     grammar_backend = "llguidance"
+
+
+def test_both_backends_sampled_the_same_tokens() -> None:
+    """Our backend and SGLang's xgrammar backend (with our apply hook) give identical masks,
+    and sampling is seeded by request content, so each kit test sampled the same tokens."""
+    if not {"portable_guided", "xgrammar"} <= TOKENS.keys():
+        pytest.skip(f"needs the kit tests of both backends in this run (ran: {sorted(TOKENS)})")
+    ours, theirs = TOKENS["portable_guided"], TOKENS["xgrammar"]
+    common = sorted(ours.keys() & theirs.keys())
+    assert len(common) >= 10, f"only {len(common)} kit tests ran on both backends: {common}"
+    differ = {name: (ours[name], theirs[name]) for name in common if ours[name] != theirs[name]}
+    assert not differ, f"sampled tokens differ between the backends: {differ}"
