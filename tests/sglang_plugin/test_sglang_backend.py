@@ -108,13 +108,30 @@ def test_registered_and_selected(create: Any) -> None:
     assert isinstance(create(), PortableGuidedGrammarBackend)
 
 
-def test_masks_match_sglang_xgrammar_step_by_step(create: Any, tokenizer: Any,
-                                                  eos: int) -> None:
+# (schema, an instance SGLang's xgrammar backend accepts). xgrammar's strict mode: an object
+# schema naming no properties is any object (SGLang's json_object response format), one
+# naming some allows no others, prefixItems alone allows no further items.
+STRICT_CASES = [
+    (SCHEMA, INSTANCE),
+    ('{"type": "object"}', '{"capital": "Sofia", "population": 1200000}'),
+    (json.dumps({"type": "object", "properties": {"city": {"type": "object"}},
+                 "required": ["city"]}), '{"city": {"name": "Sofia", "size": [1, 2]}}'),
+    (json.dumps({"type": "object", "required": ["a"], "properties": {
+        "a": {"type": "array", "prefixItems": [{"type": "integer"}]}}}), '{"a": [7]}'),
+    (json.dumps({"type": "object", "maxProperties": 2}), "{}"),
+]
+
+
+@pytest.mark.parametrize("schema,instance", STRICT_CASES,
+                         ids=["schema", "any_object", "nested_any_object", "prefix_items",
+                              "max_properties"])
+def test_masks_match_sglang_xgrammar_step_by_step(create: Any, tokenizer: Any, eos: int,
+                                                  schema: str, instance: str) -> None:
     ours_backend = create()
     theirs_backend = _sglang_xgrammar(tokenizer, eos)
-    ours = _grammar(ours_backend, ("json", SCHEMA))
-    theirs = _grammar(theirs_backend, ("json", SCHEMA))
-    tokens = tokenizer.encode(INSTANCE, add_special_tokens=False) + [eos]
+    ours = _grammar(ours_backend, ("json", schema))
+    theirs = _grammar(theirs_backend, ("json", schema))
+    tokens = tokenizer.encode(instance, add_special_tokens=False) + [eos]
     for step, token in enumerate(tokens):
         # Our grammar among unconstrained rows, as the scheduler batches it.
         mask = _masks([None, ours, None])

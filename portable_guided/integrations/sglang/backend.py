@@ -10,9 +10,9 @@ its token filter (strict thinking) work on them unchanged: with a reasoning pars
 backend is wrapped in SGLang's own ``ReasonerGrammarBackend``, exactly as SGLang wraps its
 built-in backends (the constraint starts after the think-end tokens).
 
-Languages follow SGLang's xgrammar backend: JSON schemas in strict mode (no undeclared
-properties), ``$$ANY$$`` for any JSON, EBNF with root ``root``, regex, structural tags in
-the ``structures``/``triggers`` format. A spec the runtime refuses or cannot compile gives
+Languages follow SGLang's xgrammar backend: JSON schemas in xgrammar's strict mode
+(:func:`xgrammar_strict_schema`), ``$$ANY$$`` for any JSON, EBNF with root ``root``, regex,
+structural tags in the ``structures``/``triggers`` format. A spec the runtime refuses or cannot compile gives
 SGLang's ``InvalidGrammarObject`` with the reason: that request fails, the others go on.
 """
 
@@ -38,7 +38,7 @@ from .._settings import env_seconds
 from .apply import apply_xgrammar
 
 __all__ = ["PortableGuidedGrammar", "PortableGuidedGrammarBackend", "create_backend",
-           "register_backend"]
+           "register_backend", "xgrammar_strict_schema"]
 
 logger = logging.getLogger("sglang.plugins.portable_guided")
 
@@ -218,8 +218,16 @@ class PortableGuidedGrammarBackend(BaseGrammarBackend):
         if key_string == "$$ANY$$":
             return self._compile(lambda: GrammarSpec.any_json(
                 any_whitespace=self.any_whitespace), key_string)
-        return self._compile(lambda: GrammarSpec.json_schema(
-            key_string, any_whitespace=self.any_whitespace, strict=True), key_string)
+
+        def spec() -> GrammarSpec:
+            try:
+                text = json.dumps(xgrammar_strict_schema(json.loads(key_string)),
+                                  ensure_ascii=False)
+            except (ValueError, RecursionError):
+                text = key_string  # not JSON, or too deep: GrammarSpec says which
+            return GrammarSpec.json_schema(text, any_whitespace=self.any_whitespace)
+
+        return self._compile(spec, key_string)
 
     def dispatch_regex(self, key_string: str) -> BaseGrammarObject:
         return self._compile(lambda: GrammarSpec.regex(key_string), key_string)
@@ -241,6 +249,44 @@ class PortableGuidedGrammarBackend(BaseGrammarBackend):
 
     def reset(self) -> None:
         super().reset()
+
+
+def xgrammar_strict_schema(schema: Any) -> Any:
+    """``schema`` in the language of xgrammar's ``strict_mode``, which SGLang's xgrammar
+    backend compiles JSON schemas with (a new object; ``schema`` untouched).
+
+    Checked against xgrammar 0.2.8 (``tests/sglang_plugin/test_sglang_backend.py``): an object
+    schema that names properties (``properties``, ``required``, ``minProperties``,
+    ``maxProperties``) and does not say otherwise allows no others; one that names none
+    stays any object (SGLang's ``json_object`` response format sends ``{"type": "object"}``);
+    ``prefixItems`` without ``items`` allows no further items.
+    """
+    from ...runtime.json_semantics import _LIST_KEYS, _MAP_KEYS, _SCHEMA_KEYS
+
+    if isinstance(schema, list):
+        return [xgrammar_strict_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("enum", "const", "default", "examples"):
+            out[key] = value
+        elif key in _MAP_KEYS and isinstance(value, dict):
+            out[key] = {k: xgrammar_strict_schema(v) for k, v in value.items()}
+        elif key in _SCHEMA_KEYS or key in _LIST_KEYS:
+            out[key] = xgrammar_strict_schema(value)
+        else:
+            out[key] = value
+    kind = out.get("type")
+    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind) or (
+        "properties" in out)
+    if (is_object and not {"additionalProperties", "patternProperties",
+                           "unevaluatedProperties"} & out.keys()
+            and {"properties", "required", "minProperties", "maxProperties"} & out.keys()):
+        out["additionalProperties"] = False
+    if "prefixItems" in out and not {"items", "additionalItems", "unevaluatedItems"} & out.keys():
+        out["items"] = False
+    return out
 
 
 def create_backend(server_args: Any, tokenizer: Any, vocab_size: int,
