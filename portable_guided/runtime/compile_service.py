@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 #: Bumped whenever the meaning of a cached grammar changes (part of the disk cache key).
 #: 2: checksummed entries; 3: empty languages refused; 4: lowering with sound subsets (a spec
-#: may compile to another grammar than before); 5: unevaluated* split by branches.
+#: may compile to another grammar than before); 5: unevaluated* split by branches, object and
+#: array values as schemas on xgrammar.
 RUNTIME_CACHE_VERSION = "5"
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of

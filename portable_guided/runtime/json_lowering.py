@@ -1166,6 +1166,69 @@ def _meet_types(a: set[str], b: set[str]) -> set[str]:
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def structured_values_text(text: str) -> str:
+    """The lowered schema JSON ``text`` with the objects and arrays among its ``enum``/
+    ``const`` values written as the schemas that accept just them (each property or item a
+    ``const``, nothing else allowed). xgrammar matches such a value as one fixed text, its
+    compact JSON, so with whitespace allowed it rejected ``{"a": 1}`` for ``{"const": {"a":
+    1}}`` where llguidance accepts it; as schemas, its JSON grammar reads them (property
+    order stays the value's). Only for xgrammar: llguidance reads the values as they are
+    (and failed on some schemas with many such branches). Not where ``unevaluated*`` would
+    see the properties and items this adds."""
+    if '"unevaluated' in text or not any(
+            isinstance(v, (dict, list)) for v in _enum_values(json.loads(text))):
+        return text
+    out = _map_bottom_up(json.loads(text), _structured_values)
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+
+
+def _enum_values(schema: Any) -> Iterator[Any]:
+    for node in _nodes(schema):
+        if isinstance(node, dict):
+            if isinstance(node.get("enum"), list):
+                yield from node["enum"]
+            if "const" in node:
+                yield node["const"]
+
+
+def _structured_values(s: dict[str, Any]) -> Any:
+    """``s`` with object and array ``enum``/``const`` values as schemas (see
+    :func:`structured_values_text`), where ``s`` holds nothing else but ``type``."""
+    values = s["enum"] if isinstance(s.get("enum"), list) else (
+        [s["const"]] if "const" in s else None)
+    if values is None or not any(isinstance(v, (dict, list)) for v in values) or (
+            set(s) - _ANNOTATIONS - {"enum", "const", "type", "$defs"}) or (
+            "enum" in s and "const" in s):
+        return s
+    scalars = [v for v in values if not isinstance(v, (dict, list))]
+    branches: list[Any] = [{"enum": scalars}] if scalars else []
+    branches += [_value_schema(v) for v in values if isinstance(v, (dict, list))]
+    rest = {k: v for k, v in s.items() if k not in ("enum", "const")}
+    try:  # `type` beside: in each branch (xgrammar takes no keyword beside anyOf)
+        merged = [m for m in (merge(rest, b, _no_inline) for b in branches) if m is not False]
+    except _NotExact:
+        return s
+    if not merged:
+        return s  # (no value of the type: left to the engine as it was)
+    return merged[0] if len(merged) == 1 else {"anyOf": merged}
+
+
+def _value_schema(v: Any) -> dict[str, Any]:
+    """The schema accepting exactly the object or array ``v`` (JSON equality)."""
+    if not v:
+        return {"type": "object" if isinstance(v, dict) else "array",
+                "maxProperties" if isinstance(v, dict) else "maxItems": 0}
+    def one(x: Any) -> dict[str, Any]:
+        return _value_schema(x) if isinstance(x, (dict, list)) else {"const": x}
+
+    if isinstance(v, dict):
+        return {"type": "object", "properties": {k: one(x) for k, x in v.items()},
+                "required": list(v), "additionalProperties": False}
+    return {"type": "array", "prefixItems": [one(x) for x in v], "items": False,
+            "minItems": len(v)}
+
+
 def _same(x: Any, y: Any) -> bool:
     """``_key(x) == _key(y)``, without writing either as JSON."""
     if isinstance(x, bool) or isinstance(y, bool):

@@ -542,3 +542,47 @@ def test_dynamic_ref_with_one_anchor_of_its_name_resolves_as_a_ref():
            "items": {"$dynamicRef": "#item"},
            "$defs": {"inner": {"$id": "inner", "$dynamicAnchor": "item", "type": "string"}}}
     assert "$dynamicRef" in json.dumps(lower(two))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(instances, min_size=1, max_size=3), st.booleans(),
+       st.sampled_from([None, "object", "array", ["object", "array", "number"]]),
+       st.lists(instances, min_size=6, max_size=6))
+def test_objects_and_arrays_among_enum_values_are_written_as_schemas(values, as_const, kind,
+                                                                     xs):
+    """xgrammar matches an object or array value as its compact text only; written as a
+    schema (what xgrammar compiles), the value is read by its JSON grammar, and the language
+    is the same (JSON equality: 1 == 1.0, key order free, true != 1)."""
+    from portable_guided.runtime.json_lowering import structured_values_text
+
+    schema = {"const": values[0]} if as_const else {"enum": values}
+    if kind is not None:
+        schema["type"] = kind
+    # The values themselves, and each with one property or item less.
+    shorter = [dict(list(v.items())[1:]) if isinstance(v, dict) else v[1:]
+               for v in values if isinstance(v, (dict, list)) and v]
+    xs = [*xs, *json.loads(json.dumps(values)), *shorter]
+    written = json.loads(structured_values_text(json.dumps(schema)))
+    if _decisions(schema, xs) is None:
+        return
+    assert _decisions(written, xs) == _decisions(schema, xs), (schema, written, xs)
+    if written != schema:  # rewritten: no object or array value left for xgrammar
+        assert not any(isinstance(v, (dict, list)) for v in _enum_values(written)), written
+        assert "allOf" not in json.dumps(written) and not (
+            "anyOf" in written and len(written) > 1), written
+
+
+def _enum_values(schema):
+    """Every enum/const value in ``schema``, wherever it sits."""
+    out = []
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            out += node.get("enum", []) if isinstance(node.get("enum"), list) else []
+            if "const" in node:
+                out.append(node["const"])
+            stack += [v for k, v in node.items() if k not in ("enum", "const")]
+        elif isinstance(node, list):
+            stack += node
+    return out

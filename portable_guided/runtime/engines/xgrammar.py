@@ -8,7 +8,13 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..json_lowering import engine_schema_text, refuse_unsatisfiable, unsound, xgrammar_escapes
+from ..json_lowering import (
+    engine_schema_text,
+    refuse_unsatisfiable,
+    structured_values_text,
+    unsound,
+    xgrammar_escapes,
+)
 from ..json_semantics import xgrammar_unsupported
 from ..specs import GrammarSpec
 from .base import Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
@@ -167,6 +173,8 @@ class XGrammarEngine(Engine):
             # schema is lowered first (exact rewrites, json_lowering).
             text = engine_schema_text(spec.engine_schema_text())
             refuse_unsatisfiable(text)
+            if spec.option("any_whitespace", True):
+                text = structured_values_text(text)
             schema = json.loads(text)
             problems = [*unsound(schema), *xgrammar_escapes(schema),
                         *xgrammar_unsupported(schema)]
