@@ -102,6 +102,7 @@ class _Duplex:
 
 def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
     from .engines import UnsupportedSpec, compile_checked, engine_class
+    from .meta_fast import proves_valid
     from .specs import GrammarSpec
 
     engines = {name: engine_class(name).from_payload(payload)
@@ -121,6 +122,10 @@ def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
             raw = engine_name.startswith("raw:")
             engine = engines[engine_name.removeprefix("raw:")]
             spec = GrammarSpec.from_dict(spec_dict)
+            if spec.deferred_check and spec.kind == "json_schema" and proves_valid(spec.payload):
+                # Proven valid against the meta-schema in microseconds: the full check
+                # (milliseconds of jsonschema) would only agree.
+                spec = GrammarSpec.from_dict({**spec_dict, "deferred_check": False})
             compiled = engine.compile_raw(spec) if raw else compile_checked(engine, spec)
             seconds = time.perf_counter() - t0
             ship = serialize == "always" or (serialize == "auto" and seconds >= local_below_s)
