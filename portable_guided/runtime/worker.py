@@ -17,6 +17,7 @@ import math
 import os
 import pickle
 import selectors
+import struct
 import subprocess
 import sys
 import threading
@@ -447,7 +448,7 @@ class WorkerPool:
 
     def _on_readable(self, worker: _Worker) -> None:
         try:
-            reply_id, reply = worker.conn.recv()
+            reply_id, reply = _read_message(worker.conn.fileno())
         except Exception as exc:  # noqa: BLE001 - EOF, a broken pipe or a torn message
             self._lost(worker, exc)
             return
@@ -540,6 +541,38 @@ class WorkerPool:
 #: Jobs up to this size are written by the submitting thread: an idle worker's pipe is
 #: empty and holds 64 KiB on Linux, so the write returns at once.
 _INLINE_SEND_BYTES = 32 << 10
+
+
+def _read_message(fd: int) -> Any:
+    """One message as ``Connection.send`` writes it (a big-endian int32 length, or -1 and a
+    uint64 length, then the pickle), in as few reads as it arrived in: a reply of up to
+    16 KiB (one write) takes one read. Each read lets go of the GIL, and winning it back
+    from a busy engine loop costs up to a switch interval (``Connection.recv`` reads the
+    length and the body apart). The fd is readable: the first read does not wait."""
+    data = _read_at_least(fd, os.read(fd, 1 << 16), 4)
+    (size,), start = struct.unpack("!i", data[:4]), 4
+    if size == -1:
+        data = _read_at_least(fd, data, 12)
+        (size,), start = struct.unpack("!Q", data[4:12]), 12
+    chunks, have, need = [data], len(data), start + size
+    while have < need:
+        more = os.read(fd, min(need - have, 1 << 20))
+        if not more:
+            raise EOFError("the worker closed its pipe mid-message")
+        chunks.append(more)
+        have += len(more)
+    if have != need:  # a worker writes one reply per job: more is a broken protocol
+        raise RuntimeError(f"worker sent {have - need} bytes beyond its reply")
+    return pickle.loads(b"".join(chunks)[start:])
+
+
+def _read_at_least(fd: int, data: bytes, n: int) -> bytes:
+    while len(data) < n:
+        more = os.read(fd, n - len(data))
+        if not more:
+            raise EOFError("the worker closed its pipe" + (" mid-message" if data else ""))
+        data += more
+    return data
 
 
 def _dumps(obj: Any) -> bytes:

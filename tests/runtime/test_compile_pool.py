@@ -1,0 +1,54 @@
+"""The compile worker pool's reader: one thread for every reply, messages read whole."""
+
+from __future__ import annotations
+
+import os
+import threading
+from multiprocessing.connection import Connection
+
+import pytest
+
+from portable_guided.runtime import GrammarRuntime, GrammarSpec
+from portable_guided.runtime.worker import _read_message
+
+
+@pytest.mark.parametrize("size", [0, 100, 16_000, 20_000, 300_000])
+def test_a_reply_is_read_whole_as_connection_sends_it(size):
+    r, w = os.pipe()
+    sender = Connection(w, readable=False)
+    message = (7, ("ok", "x" * size, 0.5))
+    thread = threading.Thread(target=sender.send, args=(message,))
+    thread.start()
+    try:
+        assert _read_message(r) == message
+    finally:
+        thread.join()
+        sender.close()
+        os.close(r)
+
+
+def test_a_closed_pipe_reads_as_eof():
+    r, w = os.pipe()
+    os.write(w, b"\x00\x00")  # a torn length
+    os.close(w)
+    with pytest.raises(EOFError):
+        _read_message(r)
+    os.close(r)
+
+
+def test_a_burst_of_misses_waits_in_no_thread_per_compile(deepseek):
+    """Thirty compiles at once: the pool's reader waits for all of them and finishes each
+    fast one itself (no compile thread blocked per job, no hand-over to another thread),
+    and every one is served."""
+    with GrammarRuntime(deepseek, "xgrammar", compile_timeout_s=60, compile_workers=1) as rt:
+        assert not rt.new_request(GrammarSpec.regex("a+")).wait(120).failed
+        finished_in: list[str] = []
+        requests = [rt.new_request(GrammarSpec.regex(f"q{i}[ab]+")) for i in range(30)]
+        for request in requests:
+            request.add_ready_callback(
+                lambda _: finished_in.append(threading.current_thread().name))
+        assert all(not r.wait(120).failed for r in requests)
+        # The first few may be ready before their callback is added (called here then).
+        assert finished_in.count("pg-compile-reader") >= 20, finished_in
+        assert set(finished_in) <= {"pg-compile-reader", threading.current_thread().name}
+        assert sum(t.name == "pg-compile-reader" for t in threading.enumerate()) == 1
