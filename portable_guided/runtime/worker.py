@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
+import errno
 import itertools
 import logging
 import math
@@ -429,15 +431,17 @@ class WorkerPool:
             time.sleep(0.1)
         return True
 
-    def _timeout(self) -> float | None:
-        """Seconds until the next deadline (None: none); records when the wait ends."""
+    def _timeout(self) -> float:
+        """Seconds until the next deadline, or :data:`_READER_TICK_S` at most; records when
+        the wait ends."""
         now = time.monotonic()
         with self._lock:
-            due = min((job.deadline for job in self._busy.values()), default=math.inf)
+            due = min((job.deadline for job in self._busy.values()),
+                      default=now + _READER_TICK_S)
             if not self._all and self._waiting:  # no worker: a start may have failed
                 due = min(due, self._waiting[0].queued_at + self._start_timeout_s)
-            self._wake_at = due
-        return None if due == math.inf else max(0.0, due - now)
+            self._wake_at = due = min(due, now + _READER_TICK_S)
+        return max(0.0, due - now)
 
     def _release(self, worker: _Worker) -> None:
         """``worker`` is free: it takes the oldest waiting job, or idles."""
@@ -538,6 +542,12 @@ class WorkerPool:
             _deliver(job, RuntimeClosed("the compile workers were stopped (runtime closed)"))
 
 
+#: The reader's longest wait. A job due after the reader's next wake-up does not wake it
+#: (with the default limits, none does): waking it at every submit made it wait for the
+#: GIL, drain its wake-up pipe and wait again, right when the job's reply was coming
+#: (a few GIL hand-overs per compile against a busy engine loop).
+_READER_TICK_S = 1.0
+
 #: Jobs up to this size are written by the submitting thread: an idle worker's pipe is
 #: empty and holds 64 KiB on Linux, so the write returns at once.
 _INLINE_SEND_BYTES = 32 << 10
@@ -546,10 +556,11 @@ _INLINE_SEND_BYTES = 32 << 10
 def _read_message(fd: int) -> Any:
     """One message as ``Connection.send`` writes it (a big-endian int32 length, or -1 and a
     uint64 length, then the pickle), in as few reads as it arrived in: a reply of up to
-    16 KiB (one write) takes one read. Each read lets go of the GIL, and winning it back
-    from a busy engine loop costs up to a switch interval (``Connection.recv`` reads the
-    length and the body apart). The fd is readable: the first read does not wait."""
-    data = _read_at_least(fd, os.read(fd, 1 << 16), 4)
+    16 KiB (one write) takes one read, done holding the GIL (:func:`_read_ready`).
+    ``Connection.recv`` read the length and the body apart, each read letting go of the
+    GIL, which a busy engine loop then held for up to a switch interval. Call it only once
+    the selector found ``fd`` readable: the first read must not wait."""
+    data = _read_at_least(fd, _read_ready(fd, 1 << 16), 4)
     (size,), start = struct.unpack("!i", data[:4]), 4
     if size == -1:
         data = _read_at_least(fd, data, 12)
@@ -564,6 +575,36 @@ def _read_message(fd: int) -> Any:
     if have != need:  # a worker writes one reply per job: more is a broken protocol
         raise RuntimeError(f"worker sent {have - need} bytes beyond its reply")
     return pickle.loads(b"".join(chunks)[start:])
+
+
+def _libc_read() -> Any:
+    """libc's ``read`` called without letting go of the GIL (``ctypes.PyDLL``), or None."""
+    try:
+        read = ctypes.PyDLL(None, use_errno=True).read
+    except (OSError, AttributeError):  # pragma: no cover - no libc symbols to find
+        return None
+    read.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+    read.restype = ctypes.c_ssize_t
+    return read
+
+
+_READ_HOLDING_GIL = _libc_read()
+
+
+def _read_ready(fd: int, n: int) -> bytes:
+    """Up to ``n`` bytes from ``fd``, which the selector found readable, so the read returns
+    at once: done holding the GIL, as it takes microseconds, while ``os.read`` would let a
+    busy thread take the GIL and the reader wait a switch interval to get it back."""
+    if _READ_HOLDING_GIL is None:
+        return os.read(fd, n)
+    buf = ctypes.create_string_buffer(n)
+    got = _READ_HOLDING_GIL(fd, buf, n)
+    if got < 0:
+        err = ctypes.get_errno()
+        if err in (errno.EINTR, errno.EAGAIN):
+            return os.read(fd, n)
+        raise OSError(err, os.strerror(err))
+    return buf.raw[:got]
 
 
 def _read_at_least(fd: int, data: bytes, n: int) -> bytes:
