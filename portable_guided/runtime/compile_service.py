@@ -343,13 +343,19 @@ class CompileService:
                                                disk_key)
         return self._compiled(engine, grammar, source, time.perf_counter() - t0, None, disk_key)
 
-    def _finish_worker_compile(self, engine: Engine, spec: GrammarSpec, text: str | None,
+    def _finish_worker_compile(self, engine: Engine, spec: GrammarSpec, text: Any,
                                t0: float, t_reply: float, worker_s: float,
                                disk_key: str | None = None) -> CompiledGrammar:
         """This process's grammar for a compile a worker finished: recompiled (``text`` is
-        None: it compiled, and was checked, fast) or deserialized."""
-        if text is None:
+        None or what the engine's ``prepare`` returned: it compiled, and was checked, fast)
+        or deserialized."""
+        if isinstance(text, dict) and hasattr(engine, "compile_prepared"):
+            # The worker ran the lowering and the checks: only the engine's compile is left.
+            grammar, source = engine.compile_prepared(tuple(text["prepared"])), "local"
+            text = None
+        elif text is None or isinstance(text, dict):
             grammar, source = engine.compile(spec), "local"
+            text = None
         else:
             grammar, source = engine.deserialize(text), "compile"
         # Compile time excludes the wait for a free worker (reported separately).
@@ -470,7 +476,9 @@ class _Attempt:
             self._failed(GrammarCompileError(f"{prefix}{text}", engine=self.name))
             return
         engine = self.service._engines.get(self.name)
-        if engine is not None and text is None and worker_s < _FINISH_IN_READER_BELOW_S:
+        # A recompile (no serialized grammar to load) of a fast compile: done right here.
+        if (engine is not None and not isinstance(text, str)
+                and worker_s < _FINISH_IN_READER_BELOW_S):
             self._finish(text, t_reply, worker_s)
             return
         try:
@@ -478,7 +486,7 @@ class _Attempt:
         except RuntimeError:  # closed: close() resolved the future
             return
 
-    def _finish(self, text: str | None, t_reply: float, worker_s: float) -> None:
+    def _finish(self, text: Any, t_reply: float, worker_s: float) -> None:
         service = self.service
         if service.closed:
             return

@@ -36,7 +36,8 @@ __all__ = ["WorkerPool", "WorkerReply"]
 log = logging.getLogger(__name__)
 
 #: (status, text, compile_seconds): status is "ok", "unsupported" or "error"; for "ok",
-#: text is the serialized grammar or None (recompile locally).
+#: text is the serialized grammar, or None (recompile locally), or ``{"prepared": ...}``
+#: (recompile locally from the engine's ``prepare`` output, checks already passed).
 WorkerReply = tuple[str, Any, float]
 
 
@@ -129,16 +130,39 @@ def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
                 # Proven valid against the meta-schema in microseconds: the full check
                 # (milliseconds of jsonschema) would only agree.
                 spec = GrammarSpec.from_dict({**spec_dict, "deferred_check": False})
-            compiled = engine.compile_raw(spec) if raw else compile_checked(engine, spec)
+            keeping: Any = _KeepPrepared(engine)  # an Engine for compile_checked
+            compiled = engine.compile_raw(spec) if raw else compile_checked(keeping, spec)
             seconds = time.perf_counter() - t0
             ship = serialize == "always" or (serialize == "auto" and seconds >= local_below_s)
-            text = engine.serialize(compiled) if ship else None
+            text: Any = engine.serialize(compiled) if ship else None
+            if text is None and serialize == "auto" and keeping.prepared is not None:
+                # The parent recompiles exactly this, without the checks run here.
+                text = {"prepared": keeping.prepared}
             conn.send((job_id, ("ok", text, seconds)))
         except UnsupportedSpec as exc:
             conn.send((job_id, ("unsupported", str(exc), time.perf_counter() - t0)))
         except Exception as exc:  # noqa: BLE001 - the engine's diagnosis goes to the request
             conn.send((job_id, ("error", f"{type(exc).__name__}: {exc}",
                                 time.perf_counter() - t0)))
+
+
+class _KeepPrepared:
+    """An engine whose compile keeps what the engine's ``prepare`` returned (engines that
+    have one: see ``XGrammarEngine.prepare``), for the reply."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.prepared: Any = None
+
+    def compile(self, spec: Any) -> Any:
+        prepare = getattr(self._engine, "prepare", None)
+        if prepare is None or spec.kind != "json_schema":
+            return self._engine.compile(spec)
+        self.prepared = prepare(spec)
+        return self._engine.compile_prepared(self.prepared)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
 
 
 class _Worker:

@@ -54,3 +54,30 @@ def test_a_burst_of_misses_waits_in_no_thread_per_compile(deepseek):
         assert finished_in.count("pg-compile-reader") >= 20, finished_in
         assert set(finished_in) <= {"pg-compile-reader", threading.current_thread().name}
         assert sum(t.name == "pg-compile-reader" for t in threading.enumerate()) == 1
+
+
+def test_a_fast_json_compile_is_redone_here_without_the_checks(deepseek):
+    """The worker sends back what the engine's ``prepare`` gave it (lowered text, every
+    check passed): this process only compiles it (its own ``prepare`` is never called),
+    and the grammar masks exactly as one compiled here from the spec."""
+    import numpy as np
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    with GrammarRuntime(deepseek, "xgrammar", compile_timeout_s=60) as rt:
+        assert not rt.new_request(GrammarSpec.regex("a+")).wait(120).failed  # engine built
+        engine = rt._service.engine("xgrammar")
+
+        def not_here(spec):
+            raise AssertionError("prepare ran in the parent")
+
+        engine.prepare = not_here
+        req = rt.new_request(GrammarSpec.json_schema(schema)).wait(120)
+        assert not req.failed, req.error
+        del engine.prepare
+        compiled = rt.compile(GrammarSpec.json_schema(schema))
+        assert compiled.source == "local"
+        here = engine.compile(GrammarSpec.json_schema(schema))
+        masks = rt.allocate_bitmask(2)
+        engine.new_matcher(compiled.grammar).fill(masks, 0)
+        engine.new_matcher(here).fill(masks, 1)
+        assert np.array_equal(masks[0], masks[1])
