@@ -269,7 +269,8 @@ class WorkerPool:
         self._ids = itertools.count()
         self._closed = False
         self._spawners: list[threading.Thread] = []
-        self._sender: ThreadPoolExecutor | None = None  # writes of large jobs (rare)
+        # Writes of large jobs (rare); its thread starts at the first one.
+        self._sender = ThreadPoolExecutor(1, thread_name_prefix="pg-compile-send")
         self.start_error: BaseException | None = None
         #: When the reader's wait ends at the latest (monotonic): a job due earlier wakes it.
         self._wake_at = math.inf
@@ -334,8 +335,7 @@ class WorkerPool:
             w.kill()
         if threading.current_thread() is not self._reader:
             self._reader.join(timeout=10)
-        if self._sender is not None:
-            self._sender.shutdown(wait=False)
+        self._sender.shutdown(wait=False)
 
     def pids(self) -> list[int]:
         """Process ids of the live workers."""
@@ -410,8 +410,6 @@ class WorkerPool:
                 # pipe, so the write cannot block.
                 self._send(worker, job)
             else:  # could block while the worker reads: never in the caller or the reader
-                if self._sender is None:
-                    self._sender = ThreadPoolExecutor(1, thread_name_prefix="pg-compile-send")
                 with contextlib.suppress(RuntimeError):  # closed: the job fails anyway
                     self._sender.submit(self._send, worker, job)
 

@@ -81,3 +81,14 @@ def test_a_fast_json_compile_is_redone_here_without_the_checks(deepseek):
         engine.new_matcher(compiled.grammar).fill(masks, 0)
         engine.new_matcher(here).fill(masks, 1)
         assert np.array_equal(masks[0], masks[1])
+
+
+def test_a_job_larger_than_the_inline_limit_is_sent_by_the_sender_thread(deepseek):
+    """A spec over 32 KiB could block the writer while the worker reads it: written by the
+    pool's sender thread, never by the submitting thread or the reader, and served."""
+    schema = {"type": "object", "description": "x" * 50_000,
+              "properties": {"a": {"type": "string"}}}
+    with GrammarRuntime(deepseek, "xgrammar", compile_timeout_s=60) as rt:
+        req = rt.new_request(GrammarSpec.json_schema(schema)).wait(120)
+        assert not req.failed, req.error
+        assert any(t.name.startswith("pg-compile-send") for t in threading.enumerate())
