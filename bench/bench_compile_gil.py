@@ -1,10 +1,12 @@
 """Compile latency of the runtime while another Python thread holds the GIL (as vLLM's busy
 engine loop does while requests wait for their grammars).
 
-A cache-miss compile goes to a worker process and back through threads of this process;
-each call there that releases the GIL (the wait for the worker, the reads of its reply,
-the engine's compile) must win it back from the busy thread, which Python hands over only
-every switch interval (5 ms by default). Measured in turn on small new Glaiveai2K schemas:
+A cache-miss compile goes to a worker process and back; each call in this process that
+releases the GIL (the pool's reader waiting for the reply, the engine's recompile, the
+matcher) must win it back from the busy thread, which Python hands over only every switch
+interval (5 ms by default). Session 8 measured 12.8 ms (busy) vs 2.9 ms (idle) with a
+thread per compile; session 9's single reader thread: 8-13 ms vs 2.2-4.5 ms (noisy: load
+2-4 from other jobs). Measured in turn on small new Glaiveai2K schemas:
 no busy thread, a busy thread at the default interval, a busy thread at 0.5 ms.
 
     python bench/bench_compile_gil.py --json bench/results/compile_gil_s8.json

@@ -32,7 +32,7 @@ from .errors import (
 from .metrics import Metrics
 from .specs import GrammarSpec
 from .tokenizer_info import TokenizerInfo
-from .worker import WorkerPool
+from .worker import WorkerPool, WorkerReply
 
 __all__ = ["RUNTIME_CACHE_VERSION", "CompileService", "CompiledGrammar"]
 
@@ -150,6 +150,9 @@ class CompileService:
                 self._worker_engines, size=workers, local_below_s=local_below_s,
                 on_kill=lambda: self.metrics.inc("workers_killed"),
             )
+            # This process's engine finishes each worker compile: built while the workers
+            # start, not at the first reply.
+            self._threads.submit(self._warm_engine, self.order[0])
 
     # -- engines ---------------------------------------------------------------------------
     def engine(self, name: str) -> Engine:
@@ -162,6 +165,12 @@ class CompileService:
                     eng = self._engines[name] = create_engine(
                         name, self.info, fill_threads=self._fill_threads)
         return eng
+
+    def _warm_engine(self, name: str) -> None:
+        try:
+            self.engine(name)
+        except Exception as exc:  # noqa: BLE001 - the first compile builds it and reports why
+            log.info("engine %s not built ahead of the first compile: %s", name, exc)
 
     def _worker_engines(self) -> dict[str, Any]:
         return {name: engine_class(name).tokenizer_payload(self.info) for name in self.order}
@@ -230,8 +239,13 @@ class CompileService:
             fut.set_running_or_notify_cancel()
         self.metrics.inc("cache_misses")
         try:
-            self._threads.submit(self._run, key, spec, fut)
-        except RuntimeError:  # closed between the check above and here
+            if self._pool is not None and self._disk is None and not self._race:
+                # The common path: no thread of ours waits; the worker pool's reader
+                # finishes the compile (_Attempt).
+                _Attempt(self, key, spec, fut).start()
+            else:
+                self._threads.submit(self._run, key, spec, fut)
+        except (RuntimeError, RuntimeClosed):  # closed between the check above and here
             with self._inflight_lock:
                 self._inflight.pop(key, None)
             raise RuntimeClosed("the grammar runtime is closed: it takes no new compiles") \
@@ -258,6 +272,11 @@ class CompileService:
                 errors.append(GrammarCompileError(f"{type(exc).__name__}: {exc}", engine=name))
             (log.warning if isinstance(errors[-1], GrammarTimeout) else log.info)(
                 "%r did not compile: %s", spec, errors[-1])
+        self._settle(key, fut, result, errors)
+
+    def _settle(self, key: str, fut: Future[CompiledGrammar], result: CompiledGrammar | None,
+                errors: list[GrammarCompileError]) -> None:
+        """Cache and deliver the outcome of a compile (every engine tried)."""
         with self._inflight_lock:
             if self._inflight.get(key) is fut:
                 del self._inflight[key]
@@ -325,14 +344,32 @@ class CompileService:
             )
             t_reply = time.perf_counter()
             _raise_for_status(status, text, name)
-            if text is None:  # compiled (and checked) fast in the worker: cheaper to redo
-                grammar, source = engine.compile(spec), "local"
-            else:
-                grammar, source = engine.deserialize(text), "compile"
-            # Compile time excludes the wait for a free worker (reported separately).
-            self.metrics.observe("compile_wait", t_reply - t0 - worker_s)
-            t0 = t_reply - worker_s
-        seconds = time.perf_counter() - t0
+            return self._finish_worker_compile(engine, spec, text, t0, t_reply, worker_s,
+                                               disk_key)
+        return self._compiled(engine, grammar, source, time.perf_counter() - t0, None, disk_key)
+
+    def _finish_worker_compile(self, engine: Engine, spec: GrammarSpec, text: Any,
+                               t0: float, t_reply: float, worker_s: float,
+                               disk_key: str | None = None) -> CompiledGrammar:
+        """This process's grammar for a compile a worker finished: recompiled (``text`` is
+        None or what the engine's ``prepare`` returned: it compiled, and was checked, fast)
+        or deserialized."""
+        if isinstance(text, dict) and hasattr(engine, "compile_prepared"):
+            # The worker ran the lowering and the checks: only the engine's compile is left.
+            grammar, source = engine.compile_prepared(tuple(text["prepared"])), "local"
+            text = None
+        elif text is None or isinstance(text, dict):
+            grammar, source = engine.compile(spec), "local"
+            text = None
+        else:
+            grammar, source = engine.deserialize(text), "compile"
+        # Compile time excludes the wait for a free worker (reported separately).
+        self.metrics.observe("compile_wait", t_reply - t0 - worker_s)
+        return self._compiled(engine, grammar, source, time.perf_counter() - (t_reply - worker_s),
+                              text, disk_key)
+
+    def _compiled(self, engine: Engine, grammar: Any, source: str, seconds: float,
+                  text: str | None, disk_key: str | None) -> CompiledGrammar:
         self.metrics.inc("compiles")
         self.metrics.observe("compile", seconds)
         if self._disk is not None and disk_key is not None:
@@ -387,6 +424,100 @@ class CompileService:
         if self.runaway is done:
             self.runaway = None
             log.info("the runaway raced compile ended; races resume")
+
+
+#: A reply whose worker compile took less than this is finished (the grammar recompiled
+#: here) in the pool's reader thread; slower ones, and deserializations, in a compile thread
+#: (the reader also enforces the other compiles' deadlines).
+_FINISH_IN_READER_BELOW_S = 0.02
+
+
+class _Attempt:
+    """One miss compiled through the worker pool without a waiting thread: each engine of
+    the order in turn, each step run by the pool's reader as the reply comes (the path of
+    :meth:`CompileService._run` when there is neither a disk cache nor racing)."""
+
+    __slots__ = ("errors", "fut", "index", "key", "service", "spec", "t0")
+
+    def __init__(self, service: CompileService, key: str, spec: GrammarSpec,
+                 fut: Future[CompiledGrammar]) -> None:
+        self.service, self.key, self.spec, self.fut = service, key, spec, fut
+        self.index = 0
+        self.errors: list[GrammarCompileError] = []
+        self.t0 = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.service.order[self.index]
+
+    def start(self) -> None:
+        """Hand the compile with the current engine to the pool (raises RuntimeClosed)."""
+        service = self.service
+        assert service._pool is not None and service.timeout_s is not None
+        if self.index:
+            service.metrics.inc("engine_fallbacks")
+            log.info("%r: falling back to engine %s", self.spec, self.name)
+        self.t0 = time.perf_counter()
+        service._pool.submit(self.name, self.spec.to_dict(), service.timeout_s, "auto",
+                             self._on_reply)
+
+    def _on_reply(self, outcome: WorkerReply | BaseException) -> None:
+        t_reply = time.perf_counter()
+        if isinstance(outcome, RuntimeClosed):
+            return  # close() resolved the future
+        if isinstance(outcome, GrammarCompileError):
+            self._failed(outcome)
+            return
+        if isinstance(outcome, BaseException):
+            self._failed(GrammarCompileError(f"{type(outcome).__name__}: {outcome}",
+                                             engine=self.name))
+            return
+        status, text, worker_s = outcome
+        if status != "ok":
+            try:
+                _raise_for_status(status, text, self.name)
+            except GrammarCompileError as exc:
+                self._failed(exc)
+            return
+        engine = self.service._engines.get(self.name)
+        # A recompile (no serialized grammar to load) of a fast compile: done right here.
+        if (engine is not None and not isinstance(text, str)
+                and worker_s < _FINISH_IN_READER_BELOW_S):
+            self._finish(text, t_reply, worker_s)
+            return
+        try:
+            self.service._threads.submit(self._finish, text, t_reply, worker_s)
+        except RuntimeError:  # closed: close() resolved the future
+            return
+
+    def _finish(self, text: Any, t_reply: float, worker_s: float) -> None:
+        service = self.service
+        if service.closed:
+            return
+        try:
+            result = service._finish_worker_compile(service.engine(self.name), self.spec,
+                                                    text, self.t0, t_reply, worker_s)
+        except GrammarCompileError as exc:
+            self._failed(exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - an engine bug fails this spec, not the service
+            self._failed(GrammarCompileError(f"{type(exc).__name__}: {exc}", engine=self.name))
+            return
+        service._settle(self.key, self.fut, result, self.errors)
+
+    def _failed(self, error: GrammarCompileError) -> None:
+        service = self.service
+        self.errors.append(error)
+        (log.warning if isinstance(error, GrammarTimeout) else log.info)(
+            "%r did not compile: %s", self.spec, error)
+        if self.index + 1 < len(service.order) and not service.closed:
+            self.index += 1
+            try:
+                self.start()
+                return
+            except RuntimeClosed:
+                return
+        service._settle(self.key, self.fut, None, self.errors)
 
 
 def _compile_here(engine: Engine, name: str, spec: GrammarSpec) -> Any:

@@ -9,15 +9,23 @@ ship), only the news that the spec compiles fast, and the parent compiles it its
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import ctypes
+import errno
 import itertools
 import logging
+import math
 import os
-import queue
+import pickle
+import selectors
+import struct
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -27,8 +35,9 @@ __all__ = ["WorkerPool", "WorkerReply"]
 
 log = logging.getLogger(__name__)
 
-#: (status, text, compile_seconds): status is "ok", "unsupported", "empty" or "error"; for "ok",
-#: text is the serialized grammar or None (recompile locally).
+#: (status, text, compile_seconds): status is "ok", "unsupported", "empty" or "error"; for
+#: "ok", text is the serialized grammar, or None (recompile locally), or ``{"prepared": ...}``
+#: (recompile locally from the engine's ``prepare`` output, checks already passed).
 WorkerReply = tuple[str, Any, float]
 
 
@@ -76,6 +85,14 @@ class _Duplex:
     def send(self, obj: Any) -> None:
         self._w.send(obj)
 
+    def send_bytes(self, data: bytes) -> None:
+        """Send an object already pickled (``recv`` on the other side unpickles it)."""
+        self._w.send_bytes(data)
+
+    def fileno(self) -> int:
+        """The reading end's descriptor (readable when a message arrives)."""
+        return self._r.fileno()
+
     def recv(self) -> Any:
         return self._r.recv()
 
@@ -89,6 +106,7 @@ class _Duplex:
 
 def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
     from .engines import EmptyLanguage, UnsupportedSpec, compile_checked, engine_class
+    from .meta_fast import proves_valid
     from .specs import GrammarSpec
 
     engines = {name: engine_class(name).from_payload(payload)
@@ -108,10 +126,18 @@ def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
             raw = engine_name.startswith("raw:")
             engine = engines[engine_name.removeprefix("raw:")]
             spec = GrammarSpec.from_dict(spec_dict)
-            compiled = engine.compile_raw(spec) if raw else compile_checked(engine, spec)
+            if spec.deferred_check and spec.kind == "json_schema" and proves_valid(spec.payload):
+                # Proven valid against the meta-schema in microseconds: the full check
+                # (milliseconds of jsonschema) would only agree.
+                spec = GrammarSpec.from_dict({**spec_dict, "deferred_check": False})
+            keeping: Any = _KeepPrepared(engine)  # an Engine for compile_checked
+            compiled = engine.compile_raw(spec) if raw else compile_checked(keeping, spec)
             seconds = time.perf_counter() - t0
             ship = serialize == "always" or (serialize == "auto" and seconds >= local_below_s)
-            text = engine.serialize(compiled) if ship else None
+            text: Any = engine.serialize(compiled) if ship else None
+            if text is None and serialize == "auto" and keeping.prepared is not None:
+                # The parent recompiles exactly this, without the checks run here.
+                text = {"prepared": keeping.prepared}
             conn.send((job_id, ("ok", text, seconds)))
         except UnsupportedSpec as exc:
             conn.send((job_id, ("unsupported", str(exc), time.perf_counter() - t0)))
@@ -122,12 +148,34 @@ def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
                                 time.perf_counter() - t0)))
 
 
+class _KeepPrepared:
+    """An engine whose compile keeps what the engine's ``prepare`` returned (engines that
+    have one: see ``XGrammarEngine.prepare``), for the reply."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.prepared: Any = None
+
+    def compile(self, spec: Any) -> Any:
+        prepare = getattr(self._engine, "prepare", None)
+        if prepare is None or spec.kind != "json_schema":
+            return self._engine.compile(spec)
+        self.prepared = prepare(spec)
+        return self._engine.compile_prepared(self.prepared)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
 class _Worker:
-    __slots__ = ("conn", "proc")
+    __slots__ = ("conn", "proc", "send_lock")
 
     def __init__(self, proc: Any, conn: Any) -> None:
         self.proc = proc
         self.conn = conn
+        # Held while a job is written: the pipe is closed only once no write is in flight
+        # (its descriptor number could otherwise be reused by a new pipe mid-write).
+        self.send_lock = threading.Lock()
 
     def kill(self) -> None:
         try:
@@ -138,7 +186,9 @@ class _Worker:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignorable
             log.error("compile worker %s did not exit after SIGKILL", self.proc.pid)
-        self.conn.close()
+        # A write blocked on the dead worker's pipe fails now (EPIPE) and lets go.
+        with self.send_lock:
+            self.conn.close()
 
 
 def _start_worker() -> _Worker:
@@ -158,6 +208,25 @@ def _start_worker() -> _Worker:
     return _Worker(proc, conn)
 
 
+class _Job:
+    """One compile handed to the pool: waiting for a worker, then running in one."""
+
+    __slots__ = ("attempt", "deadline", "done", "engine", "job_id", "payload", "queued_at",
+                 "started_at", "timeout_s")
+
+    def __init__(self, job_id: int, engine: str, payload: bytes, timeout_s: float,
+                 done: Callable[[WorkerReply | BaseException], None]) -> None:
+        self.job_id = job_id
+        self.engine = engine
+        self.payload = payload
+        self.timeout_s = timeout_s
+        self.done = done
+        self.attempt = 1
+        self.queued_at = time.monotonic()
+        self.started_at = math.inf
+        self.deadline = math.inf
+
+
 class WorkerPool:
     """A fixed number of compile worker processes, each able to run every engine.
 
@@ -165,6 +234,13 @@ class WorkerPool:
     payload from ``engine_class(name).tokenizer_payload(info)``); it is called once, in a
     background thread, when the first worker starts (building the payloads takes a moment),
     so constructing the pool never blocks.
+
+    One reader thread waits for every worker's reply at once (a selector over the reply
+    pipes) and enforces every deadline; a job is written to an idle worker by the thread
+    that submits it, so a compile crosses no thread until its reply is read, and the reply
+    is handed to the job's callback right in the reader. A thread per waiting job made each
+    compile win the GIL several times from a busy engine loop (5 ms a hand-over at Python's
+    default switch interval: bench/bench_compile_gil.py).
     """
 
     def __init__(
@@ -185,13 +261,29 @@ class WorkerPool:
         self._local_below_s = local_below_s
         self._start_timeout_s = start_timeout_s
         self._on_kill = on_kill
-        self._idle: queue.Queue[_Worker | None] = queue.Queue()  # None: closed
+        # Guards the worker sets, the jobs and _wake_at (never held while writing to a pipe).
+        self._lock = threading.Lock()
         self._all: set[_Worker] = set()
-        self._all_lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._busy: dict[_Worker, _Job] = {}
+        self._waiting: collections.deque[_Job] = collections.deque()
+        self._started: list[_Worker] = []  # ready, not yet watched by the reader
         self._ids = itertools.count()
         self._closed = False
         self._spawners: list[threading.Thread] = []
+        # Writes of large jobs (rare); its thread starts at the first one.
+        self._sender = ThreadPoolExecutor(1, thread_name_prefix="pg-compile-send")
         self.start_error: BaseException | None = None
+        #: When the reader's wait ends at the latest (monotonic): a job due earlier wakes it.
+        self._wake_at = math.inf
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._reader = threading.Thread(target=self._read_loop, name="pg-compile-reader",
+                                        daemon=True)
+        self._reader.start()
         for _ in range(size):
             self._spawn_async()
 
@@ -216,13 +308,15 @@ class WorkerPool:
         except BaseException as exc:  # noqa: BLE001 - reported by run() to the waiting compile
             log.error("compile worker failed to start: %s", exc)
             self.start_error = exc
+            self._wake()  # jobs waiting with no worker left may now time out
             return
-        with self._all_lock:
+        with self._lock:
             if self._closed:
                 worker.kill()
                 return
             self._all.add(worker)
-        self._idle.put(worker)
+            self._started.append(worker)
+        self._wake()
 
     def close(self) -> None:
         """Stop every worker (idle or busy); compiles waiting for a worker or running in one
@@ -231,29 +325,36 @@ class WorkerPool:
         Waits for workers still starting: a thread left inside the engine libraries while
         the interpreter shuts down would abort the process.
         """
-        self._closed = True
-        self._idle.put(None)  # wakes a run() waiting for a worker (passed on to the next)
+        with self._lock:
+            self._closed = True
+        self._wake()
         for thread in self._spawners:
             thread.join(timeout=self._start_timeout_s)
-        with self._all_lock:
+        with self._lock:
             workers = list(self._all)
             self._all.clear()
         for w in workers:
             w.kill()
+        if threading.current_thread() is not self._reader:
+            self._reader.join(timeout=10)
+        self._sender.shutdown(wait=False)
 
     def pids(self) -> list[int]:
         """Process ids of the live workers."""
-        with self._all_lock:
+        with self._lock:
             return [w.proc.pid for w in self._all]
 
     # -- running ---------------------------------------------------------------------------
-    def run(self, engine: str, spec_dict: dict[str, Any], timeout_s: float,
-            serialize: str = "auto") -> WorkerReply:
-        """Compile in a worker; raises :class:`GrammarTimeout` (after killing the worker) when
-        no reply came within ``timeout_s`` of handing the job over.
+    def submit(self, engine: str, spec_dict: dict[str, Any], timeout_s: float,
+               serialize: str, done: Callable[[WorkerReply | BaseException], None]) -> None:
+        """Compile in a worker; ``done`` gets the reply, or the error: :class:`GrammarTimeout`
+        (the worker was killed: no reply within ``timeout_s`` of handing the job over),
+        :class:`CompileWorkerLost`, :class:`RuntimeClosed`, or :class:`GrammarCompileError`
+        when no worker could be started. Never blocks; ``done`` runs in the pool's reader
+        thread (or in this one, for an error known at once) and must return quickly.
 
         A worker that dies (before or during the job) is replaced and the job retried once
-        on the new one; a second death raises :class:`CompileWorkerLost`, which callers must
+        on the new one; a second death gives :class:`CompileWorkerLost`, which callers must
         not cache as a property of the grammar.
 
         ``serialize``: ``"auto"`` ships the grammar when its compile took at least
@@ -261,66 +362,290 @@ class WorkerPool:
         (the parent compiled it too: ``CompileService(race=True)``)."""
         if serialize not in ("auto", "always", "never"):
             raise ValueError(f"serialize must be 'auto', 'always' or 'never', got {serialize!r}")
-        attempt = 0
-        while True:
-            attempt += 1
-            worker = self._take(engine)
-            job_id = next(self._ids)
-            t0 = time.monotonic()
-            try:
-                worker.conn.send((job_id, engine, spec_dict, serialize))
-                if worker.conn.poll(timeout_s):
-                    reply_id, reply = worker.conn.recv()
-                    if reply_id != job_id:
-                        raise RuntimeError(f"worker replied to job {reply_id}, expected {job_id}")
-                    self._idle.put(worker)
-                    return reply
-            except (EOFError, OSError, RuntimeError) as exc:
-                self._retire(worker)
-                if self._closed:
-                    raise RuntimeClosed("the compile workers were stopped (runtime closed)") \
-                        from None
-                lost = CompileWorkerLost(
-                    f"compile worker {worker.proc.pid} died ({type(exc).__name__}: {exc}; exit "
-                    f"code {worker.proc.poll()})" + (" twice" if attempt > 1 else ""),
-                    engine=engine)
-                if attempt > 1:
-                    raise lost from exc
-                log.warning("%s; retrying the compile on a new worker", lost)
-                continue
-            self._retire(worker)
+        job_id = next(self._ids)
+        payload = _dumps((job_id, engine, spec_dict, serialize))
+        job = _Job(job_id, engine, payload, timeout_s, done)
+        with self._lock:
             if self._closed:
                 raise RuntimeClosed("the compile workers were stopped (runtime closed)")
-            if self._on_kill is not None:
-                self._on_kill()
-            raise GrammarTimeout(
-                f"compile exceeded its time limit of {timeout_s:g} s; worker killed after "
-                f"{time.monotonic() - t0:.2f} s", engine=engine,
-            )
+            self._waiting.append(job)
+            assigned = self._assign()
+            wake = job.deadline < self._wake_at or (not self._all and not assigned)
+        self._send_all(assigned)
+        if wake:
+            self._wake()
 
-    def _take(self, engine: str) -> _Worker:
-        """An idle, live worker (a worker found dead while idle is replaced, not used)."""
-        deadline = time.monotonic() + self._start_timeout_s
-        while True:
-            try:
-                worker = self._idle.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise GrammarCompileError(
-                    f"no compile worker became available in {self._start_timeout_s} s"
-                    + (f" (last start error: {self.start_error})" if self.start_error else ""),
-                    engine=engine,
-                ) from None
-            if worker is None or self._closed:
-                self._idle.put(None)  # let every other waiter see it too
-                raise RuntimeClosed("the compile workers were stopped (runtime closed)")
-            if worker.proc.poll() is None:
-                return worker
-            log.warning("idle compile worker %s had exited (code %s); starting another",
-                        worker.proc.pid, worker.proc.returncode)
-            self._retire(worker)
+    def run(self, engine: str, spec_dict: dict[str, Any], timeout_s: float,
+            serialize: str = "auto") -> WorkerReply:
+        """:meth:`submit` and wait: the reply, or its error raised."""
+        outcome: Future[WorkerReply] = Future()
 
-    def _retire(self, worker: _Worker) -> None:
-        with self._all_lock:
+        def done(reply: WorkerReply | BaseException) -> None:
+            if isinstance(reply, BaseException):
+                outcome.set_exception(reply)
+            else:
+                outcome.set_result(reply)
+
+        self.submit(engine, spec_dict, timeout_s, serialize, done)
+        return outcome.result()
+
+    # -- the reader thread -----------------------------------------------------------------
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):  # full: it wakes anyway
+            os.write(self._wake_w, b"\0")
+
+    def _assign(self) -> list[tuple[_Worker, _Job]]:
+        """Idle workers take waiting jobs (oldest first); caller holds the lock."""
+        pairs = []
+        now = time.monotonic()
+        while self._idle and self._waiting:
+            worker, job = self._idle.pop(), self._waiting.popleft()
+            job.started_at, job.deadline = now, now + job.timeout_s
+            self._busy[worker] = job
+            pairs.append((worker, job))
+        return pairs
+
+    def _send_all(self, pairs: list[tuple[_Worker, _Job]]) -> None:
+        for worker, job in pairs:
+            if len(job.payload) <= _INLINE_SEND_BYTES:
+                # An idle worker has read every byte sent to it: this fits in its empty
+                # pipe, so the write cannot block.
+                self._send(worker, job)
+            else:  # could block while the worker reads: never in the caller or the reader
+                with contextlib.suppress(RuntimeError):  # closed: the job fails anyway
+                    self._sender.submit(self._send, worker, job)
+
+    @staticmethod
+    def _send(worker: _Worker, job: _Job) -> None:
+        # A failed write means a dead worker: the reader sees its pipe close and retries.
+        with worker.send_lock, contextlib.suppress(OSError, ValueError):
+            worker.conn.send_bytes(job.payload)
+
+    def _read_loop(self) -> None:
+        try:
+            while self._read_once():
+                pass
+        finally:
+            self._fail_all()
+            self._selector.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _read_once(self) -> bool:
+        """One wait for replies, wake-ups and deadlines; False once the pool is closed."""
+        try:
+            with self._lock:
+                if self._closed:
+                    return False
+                started, self._started = self._started, []
+            for worker in started:
+                self._selector.register(worker.conn.fileno(), selectors.EVENT_READ, worker)
+                self._release(worker)
+            timeout = self._timeout()
+            for key, _ in self._selector.select(timeout):
+                if key.data is None:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self._wake_r, 512):
+                            pass
+                else:
+                    self._on_readable(key.data)
+            self._expire()
+        except Exception:  # pragma: no cover - a bug here must not stop every compile
+            log.exception("compile pool reader failed; going on")
+            time.sleep(0.1)
+        return True
+
+    def _timeout(self) -> float:
+        """Seconds until the next deadline, or :data:`_READER_TICK_S` at most; records when
+        the wait ends."""
+        now = time.monotonic()
+        with self._lock:
+            due = min((job.deadline for job in self._busy.values()),
+                      default=now + _READER_TICK_S)
+            if not self._all and self._waiting:  # no worker: a start may have failed
+                due = min(due, self._waiting[0].queued_at + self._start_timeout_s)
+            self._wake_at = due = min(due, now + _READER_TICK_S)
+        return max(0.0, due - now)
+
+    def _release(self, worker: _Worker) -> None:
+        """``worker`` is free: it takes the oldest waiting job, or idles."""
+        with self._lock:
+            self._idle.append(worker)
+            assigned = self._assign()
+        self._send_all(assigned)
+
+    def _on_readable(self, worker: _Worker) -> None:
+        try:
+            reply_id, reply = _read_message(worker.conn.fileno())
+        except Exception as exc:  # noqa: BLE001 - EOF, a broken pipe or a torn message
+            self._lost(worker, exc)
+            return
+        with self._lock:
+            job = self._busy.pop(worker, None)
+        if job is None or reply_id != job.job_id:
+            if job is not None:
+                with self._lock:
+                    self._busy[worker] = job
+            self._lost(worker, RuntimeError(
+                f"worker replied to job {reply_id}, expected "
+                f"{job.job_id if job is not None else 'none'}"))
+            return
+        self._release(worker)  # the next compile starts before this reply is handled
+        _deliver(job, reply)
+
+    def _retire(self, worker: _Worker) -> _Job | None:
+        """Stop watching ``worker``, kill it, start a replacement; its job, if any."""
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(worker.conn.fileno())
+        with self._lock:
+            job = self._busy.pop(worker, None)
             self._all.discard(worker)
+            if worker in self._idle:
+                self._idle.remove(worker)
         worker.kill()
         self._spawn_async()
+        return job
+
+    def _lost(self, worker: _Worker, exc: BaseException) -> None:
+        job = self._retire(worker)
+        if job is None:
+            if not self._closed:
+                log.warning("idle compile worker %s had exited (code %s); starting another",
+                            worker.proc.pid, worker.proc.returncode)
+            return
+        if self._closed:
+            _deliver(job, RuntimeClosed("the compile workers were stopped (runtime closed)"))
+            return
+        lost = CompileWorkerLost(
+            f"compile worker {worker.proc.pid} died ({type(exc).__name__}: {exc}; exit "
+            f"code {worker.proc.poll()})" + (" twice" if job.attempt > 1 else ""),
+            engine=job.engine)
+        if job.attempt > 1:
+            _deliver(job, lost)
+            return
+        log.warning("%s; retrying the compile on a new worker", lost)
+        job.attempt += 1
+        job.queued_at, job.deadline = time.monotonic(), math.inf
+        with self._lock:
+            self._waiting.appendleft(job)
+            assigned = self._assign()
+        self._send_all(assigned)
+
+    def _expire(self) -> None:
+        """Kill the workers whose job is past its deadline; fail jobs with no worker to
+        run them."""
+        now = time.monotonic()
+        with self._lock:
+            late = [w for w, job in self._busy.items() if job.deadline <= now]
+            stranded: list[_Job] = []
+            if not self._all:
+                while self._waiting and (self._waiting[0].queued_at + self._start_timeout_s
+                                         <= now):
+                    stranded.append(self._waiting.popleft())
+        for worker in late:
+            job = self._retire(worker)
+            if job is None:
+                continue
+            if self._on_kill is not None:
+                self._on_kill()
+            _deliver(job, GrammarTimeout(
+                f"compile exceeded its time limit of {job.timeout_s:g} s; worker killed after "
+                f"{time.monotonic() - job.started_at:.2f} s", engine=job.engine))
+        for job in stranded:
+            _deliver(job, GrammarCompileError(
+                f"no compile worker became available in {self._start_timeout_s} s"
+                + (f" (last start error: {self.start_error})" if self.start_error else ""),
+                engine=job.engine))
+
+    def _fail_all(self) -> None:
+        with self._lock:
+            jobs = [*self._waiting, *self._busy.values()]
+            self._waiting.clear()
+            self._busy.clear()
+        for job in jobs:
+            _deliver(job, RuntimeClosed("the compile workers were stopped (runtime closed)"))
+
+
+#: The reader's longest wait. A job due after the reader's next wake-up does not wake it
+#: (with the default limits, none does): waking it at every submit made it wait for the
+#: GIL, drain its wake-up pipe and wait again, right when the job's reply was coming
+#: (a few GIL hand-overs per compile against a busy engine loop).
+_READER_TICK_S = 1.0
+
+#: Jobs up to this size are written by the submitting thread: an idle worker's pipe is
+#: empty and holds 64 KiB on Linux, so the write returns at once.
+_INLINE_SEND_BYTES = 32 << 10
+
+
+def _read_message(fd: int) -> Any:
+    """One message as ``Connection.send`` writes it (a big-endian int32 length, or -1 and a
+    uint64 length, then the pickle), in as few reads as it arrived in: a reply of up to
+    16 KiB (one write) takes one read, done holding the GIL (:func:`_read_ready`).
+    ``Connection.recv`` read the length and the body apart, each read letting go of the
+    GIL, which a busy engine loop then held for up to a switch interval. Call it only once
+    the selector found ``fd`` readable: the first read must not wait."""
+    data = _read_at_least(fd, _read_ready(fd, 1 << 16), 4)
+    (size,), start = struct.unpack("!i", data[:4]), 4
+    if size == -1:
+        data = _read_at_least(fd, data, 12)
+        (size,), start = struct.unpack("!Q", data[4:12]), 12
+    chunks, have, need = [data], len(data), start + size
+    while have < need:
+        more = os.read(fd, min(need - have, 1 << 20))
+        if not more:
+            raise EOFError("the worker closed its pipe mid-message")
+        chunks.append(more)
+        have += len(more)
+    if have != need:  # a worker writes one reply per job: more is a broken protocol
+        raise RuntimeError(f"worker sent {have - need} bytes beyond its reply")
+    return pickle.loads(b"".join(chunks)[start:])
+
+
+def _libc_read() -> Any:
+    """libc's ``read`` called without letting go of the GIL (``ctypes.PyDLL``), or None."""
+    try:
+        read = ctypes.PyDLL(None, use_errno=True).read
+    except (OSError, AttributeError):  # pragma: no cover - no libc symbols to find
+        return None
+    read.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+    read.restype = ctypes.c_ssize_t
+    return read
+
+
+_READ_HOLDING_GIL = _libc_read()
+
+
+def _read_ready(fd: int, n: int) -> bytes:
+    """Up to ``n`` bytes from ``fd``, which the selector found readable, so the read returns
+    at once: done holding the GIL, as it takes microseconds, while ``os.read`` would let a
+    busy thread take the GIL and the reader wait a switch interval to get it back."""
+    if _READ_HOLDING_GIL is None:
+        return os.read(fd, n)
+    buf = ctypes.create_string_buffer(n)
+    got = _READ_HOLDING_GIL(fd, buf, n)
+    if got < 0:
+        err = ctypes.get_errno()
+        if err in (errno.EINTR, errno.EAGAIN):
+            return os.read(fd, n)
+        raise OSError(err, os.strerror(err))
+    return buf.raw[:got]
+
+
+def _read_at_least(fd: int, data: bytes, n: int) -> bytes:
+    while len(data) < n:
+        more = os.read(fd, n - len(data))
+        if not more:
+            raise EOFError("the worker closed its pipe" + (" mid-message" if data else ""))
+        data += more
+    return data
+
+
+def _dumps(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _deliver(job: _Job, outcome: WorkerReply | BaseException) -> None:
+    try:
+        job.done(outcome)
+    except Exception:  # a caller's callback must not stop the reader
+        log.exception("compile job callback failed")

@@ -167,23 +167,7 @@ class XGrammarEngine(Engine):
         c = self._compiler
         kind, data = spec.kind, spec.payload
         if kind == "json_schema":
-            # One language on every engine (json_semantics): strictness is in the schema
-            # text, never xgrammar's strict_mode (which also forbids array items that no
-            # `items` declares), and keywords xgrammar would ignore make it refuse. The
-            # schema is lowered first (exact rewrites, json_lowering).
-            text = engine_schema_text(spec.engine_schema_text())
-            refuse_unsatisfiable(text)
-            if spec.option("any_whitespace", True):
-                text = structured_values_text(text)
-            schema = json.loads(text)
-            problems = [*unsound(schema), *xgrammar_escapes(schema),
-                        *xgrammar_unsupported(schema)]
-            if problems:
-                more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-                raise UnsupportedSpec("; ".join(problems[:3]) + more)
-            return c.compile_json_schema(
-                text, any_whitespace=spec.option("any_whitespace", True), strict_mode=False
-            )
+            return self.compile_prepared(self.prepare(spec))
         if kind == "any_json":  # any object: non-strict, so every property is allowed
             return c.compile_json_schema(
                 '{"type":"object"}', any_whitespace=spec.option("any_whitespace", True),
@@ -199,6 +183,32 @@ class XGrammarEngine(Engine):
         if kind == "structural_tag":
             return c.compile_structural_tag(xgrammar_structural_tag(data))
         raise ValueError(f"xgrammar engine: unknown spec kind {kind!r}")
+
+    def prepare(self, spec: GrammarSpec) -> tuple[str, bool]:
+        """What :meth:`compile` hands xgrammar for a ``json_schema`` spec, every check
+        passed: ``(schema text, any_whitespace)`` for :meth:`compile_prepared`. A compile
+        worker sends it back with a fast compile, so that the parent's recompile skips the
+        lowering and the checks (Python holding the GIL) the worker already ran."""
+        # One language on every engine (json_semantics): strictness is in the schema text,
+        # never xgrammar's strict_mode (which also forbids array items that no `items`
+        # declares), and keywords xgrammar would ignore make it refuse. The schema is
+        # lowered first (exact rewrites, json_lowering).
+        text = engine_schema_text(spec.engine_schema_text())
+        refuse_unsatisfiable(text)
+        if spec.option("any_whitespace", True):
+            text = structured_values_text(text)
+        schema = json.loads(text)
+        problems = [*unsound(schema), *xgrammar_escapes(schema), *xgrammar_unsupported(schema)]
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            raise UnsupportedSpec("; ".join(problems[:3]) + more)
+        return text, bool(spec.option("any_whitespace", True))
+
+    def compile_prepared(self, prepared: tuple[str, bool]) -> Any:
+        """Compile what :meth:`prepare` returned (no check again)."""
+        text, any_whitespace = prepared
+        return self._compiler.compile_json_schema(text, any_whitespace=any_whitespace,
+                                                  strict_mode=False)
 
     def compile_raw(self, spec: GrammarSpec) -> Any:
         if spec.kind != "json_schema":
