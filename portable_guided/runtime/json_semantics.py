@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["XGRAMMAR_FORMATS", "strict_schema", "xgrammar_unsupported"]
+__all__ = ["XGRAMMAR_FORMATS", "strict_schema", "xgrammar_strict_schema", "xgrammar_unsupported"]
 
 # Keywords whose values are subschemas, maps of subschemas, or lists of subschemas.
 _SCHEMA_KEYS = ("additionalProperties", "additionalItems", "items", "contains", "not", "if",
@@ -166,6 +166,43 @@ def strict_schema(schema: Any) -> Any:
     if is_object and not {"additionalProperties", "patternProperties",
                           "unevaluatedProperties"} & set(out):
         out["additionalProperties"] = False
+    return out
+
+
+def xgrammar_strict_schema(schema: Any) -> Any:
+    """``schema`` in the language of xgrammar's ``strict_mode``, which the xgrammar
+    backends of SGLang and vLLM compile JSON schemas with (a new object; ``schema`` untouched).
+
+    Checked against xgrammar 0.2.8 (``tests/sglang_plugin/test_sglang_backend.py``,
+    ``tests/vllm_plugin/test_vllm_backend033.py``): an object
+    schema that names properties (``properties``, ``required``, ``minProperties``,
+    ``maxProperties``) and does not say otherwise allows no others; one that names none
+    stays any object (SGLang's ``json_object`` response format sends ``{"type": "object"}``);
+    ``prefixItems`` without ``items`` allows no further items.
+    """
+    if isinstance(schema, list):
+        return [xgrammar_strict_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("enum", "const", "default", "examples"):
+            out[key] = value
+        elif key in _MAP_KEYS and isinstance(value, dict):
+            out[key] = {k: xgrammar_strict_schema(v) for k, v in value.items()}
+        elif key in _SCHEMA_KEYS or key in _LIST_KEYS:
+            out[key] = xgrammar_strict_schema(value)
+        else:
+            out[key] = value
+    kind = out.get("type")
+    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind) or (
+        "properties" in out)
+    if (is_object and not {"additionalProperties", "patternProperties",
+                           "unevaluatedProperties"} & out.keys()
+            and {"properties", "required", "minProperties", "maxProperties"} & out.keys()):
+        out["additionalProperties"] = False
+    if "prefixItems" in out and not {"items", "additionalItems", "unevaluatedItems"} & out.keys():
+        out["items"] = False
     return out
 
 

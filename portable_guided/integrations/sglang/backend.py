@@ -34,6 +34,7 @@ from sglang.srt.constrained.base_grammar_backend import (
 
 from ...runtime import GrammarRuntime, GrammarSpec, Request, load_tokenizer_info
 from ...runtime.errors import GrammarError
+from ...runtime.json_semantics import xgrammar_strict_schema
 from .._settings import env_seconds
 from .apply import apply_xgrammar
 
@@ -249,44 +250,6 @@ class PortableGuidedGrammarBackend(BaseGrammarBackend):
 
     def reset(self) -> None:
         super().reset()
-
-
-def xgrammar_strict_schema(schema: Any) -> Any:
-    """``schema`` in the language of xgrammar's ``strict_mode``, which SGLang's xgrammar
-    backend compiles JSON schemas with (a new object; ``schema`` untouched).
-
-    Checked against xgrammar 0.2.8 (``tests/sglang_plugin/test_sglang_backend.py``): an object
-    schema that names properties (``properties``, ``required``, ``minProperties``,
-    ``maxProperties``) and does not say otherwise allows no others; one that names none
-    stays any object (SGLang's ``json_object`` response format sends ``{"type": "object"}``);
-    ``prefixItems`` without ``items`` allows no further items.
-    """
-    from ...runtime.json_semantics import _LIST_KEYS, _MAP_KEYS, _SCHEMA_KEYS
-
-    if isinstance(schema, list):
-        return [xgrammar_strict_schema(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in ("enum", "const", "default", "examples"):
-            out[key] = value
-        elif key in _MAP_KEYS and isinstance(value, dict):
-            out[key] = {k: xgrammar_strict_schema(v) for k, v in value.items()}
-        elif key in _SCHEMA_KEYS or key in _LIST_KEYS:
-            out[key] = xgrammar_strict_schema(value)
-        else:
-            out[key] = value
-    kind = out.get("type")
-    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind) or (
-        "properties" in out)
-    if (is_object and not {"additionalProperties", "patternProperties",
-                           "unevaluatedProperties"} & out.keys()
-            and {"properties", "required", "minProperties", "maxProperties"} & out.keys()):
-        out["additionalProperties"] = False
-    if "prefixItems" in out and not {"items", "additionalItems", "unevaluatedItems"} & out.keys():
-        out["items"] = False
-    return out
 
 
 def create_backend(server_args: Any, tokenizer: Any, vocab_size: int,

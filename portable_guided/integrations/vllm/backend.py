@@ -8,11 +8,10 @@ its own roles: it decides which rows are constrained (reasoning phases), fails a
 whose token the grammar rejects, and rolls back speculative tokens.
 
 Languages match vLLM's ``xgrammar`` backend: JSON schemas in xgrammar's strict mode (no
-undeclared properties), ``any_whitespace`` unless ``disable_any_whitespace``, EBNF with
-root ``root``, choices as vLLM's own choice grammar. Differences, documented in the README:
-Lark grammars and the newer structural-tag format are refused (the request fails alone);
-``json_object`` allows any object (vLLM's xgrammar backend compiles ``{"type": "object"}``
-in strict mode, which admits only ``{}``); stop tokens are the tokenizer's end tokens, not
+undeclared properties where an object names some: :func:`xgrammar_strict_schema`),
+``any_whitespace`` unless ``disable_any_whitespace``, EBNF with root ``root``, choices as
+vLLM's own choice grammar. Differences, documented in the README: Lark grammars and the
+newer structural-tag format are refused (the request fails alone); stop tokens are the tokenizer's end tokens, not
 per-request extra stop ids. On vLLM 0.33 the special tokens are left out of every grammar
 but structural tags, as its xgrammar backend does (:func:`vocabulary_filtered_ids`).
 
@@ -41,6 +40,7 @@ from vllm.v1.structured_output.backend_types import (
 
 from ...runtime import GrammarRuntime, GrammarSpec, Request, load_tokenizer_info
 from ...runtime.errors import GrammarError
+from ...runtime.json_semantics import xgrammar_strict_schema
 from .._settings import env_seconds
 
 if TYPE_CHECKING:
@@ -103,8 +103,15 @@ class PortableGuidedBackend(StructuredOutputBackend):
             # runs in the compile job, under its time limit, as the runtime does for large
             # schemas: here it held the GIL against vLLM's engine loop, request after
             # request. A remote $ref is still refused there (never resolved, never fetched).
-            spec = GrammarSpec.json_schema(grammar_spec, any_whitespace=self.any_whitespace,
-                                           strict=self.strict, validate=False)
+            if self.served_backend == "xgrammar":
+                # xgrammar's strict_mode, as vLLM's backend compiles it: objects naming no
+                # properties stay open (`{"type": "object"}` is any object).
+                spec = GrammarSpec.json_schema(_xgrammar_strict_text(grammar_spec),
+                                               any_whitespace=self.any_whitespace,
+                                               validate=False)
+            else:
+                spec = GrammarSpec.json_schema(grammar_spec, any_whitespace=self.any_whitespace,
+                                               strict=self.strict, validate=False)
             return GrammarSpec.from_dict({**spec.to_dict(), "deferred_check": True})
         if request_type == StructuredOutputOptions.JSON_OBJECT:
             return GrammarSpec.any_json(any_whitespace=self.any_whitespace)
@@ -442,3 +449,13 @@ def uninstall_backend() -> None:
         for name, original in _ORIGINALS.items():
             setattr(StructuredOutputManager, name, original)
         _ORIGINALS.clear()
+
+
+def _xgrammar_strict_text(text: str) -> str:
+    """The JSON schema ``text`` in xgrammar's strict language (text that is not JSON is
+    returned as it is: the spec then fails with the parse error)."""
+    try:
+        schema = json.loads(text)
+    except ValueError:
+        return text
+    return json.dumps(xgrammar_strict_schema(schema), ensure_ascii=False)
