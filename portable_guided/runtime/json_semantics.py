@@ -144,6 +144,27 @@ def _has_type(value: Any, types: list[Any]) -> bool:
         kind == "number" and "integer" in types and float(value).is_integer())
 
 
+def _children_mapped(schema: Mapping[str, Any], fn: Any) -> dict[str, Any]:
+    """A copy of ``schema`` with ``fn`` applied to each subschema (data values left alone)."""
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("enum", "const", "default", "examples"):
+            out[key] = value
+        elif key in _MAP_KEYS and isinstance(value, Mapping):
+            out[key] = {k: fn(v) for k, v in value.items()}
+        elif key in _SCHEMA_KEYS or key in _LIST_KEYS:
+            out[key] = fn(value)
+        else:
+            out[key] = value
+    return out
+
+
+def _is_object(s: Mapping[str, Any]) -> bool:
+    kind = s.get("type")
+    return kind == "object" or (isinstance(kind, list) and "object" in kind) or (
+        "properties" in s)
+
+
 def strict_schema(schema: Any) -> Any:
     """``schema`` with ``"additionalProperties": false`` on every object schema that does not
     say (the strict variant: no undeclared properties); a new object, ``schema`` untouched."""
@@ -151,19 +172,8 @@ def strict_schema(schema: Any) -> Any:
         return [strict_schema(s) for s in schema]
     if not isinstance(schema, Mapping):
         return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in ("enum", "const", "default", "examples"):
-            out[key] = value
-        elif key in _MAP_KEYS and isinstance(value, Mapping):
-            out[key] = {k: strict_schema(v) for k, v in value.items()}
-        elif key in _SCHEMA_KEYS or key in _LIST_KEYS:
-            out[key] = strict_schema(value)
-        else:
-            out[key] = value
-    is_object = out.get("type") == "object" or (
-        isinstance(out.get("type"), list) and "object" in out["type"]) or "properties" in out
-    if is_object and not {"additionalProperties", "patternProperties",
+    out = _children_mapped(schema, strict_schema)
+    if _is_object(out) and not {"additionalProperties", "patternProperties",
                           "unevaluatedProperties"} & set(out):
         out["additionalProperties"] = False
     return out
@@ -184,20 +194,8 @@ def xgrammar_strict_schema(schema: Any) -> Any:
         return [xgrammar_strict_schema(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in ("enum", "const", "default", "examples"):
-            out[key] = value
-        elif key in _MAP_KEYS and isinstance(value, dict):
-            out[key] = {k: xgrammar_strict_schema(v) for k, v in value.items()}
-        elif key in _SCHEMA_KEYS or key in _LIST_KEYS:
-            out[key] = xgrammar_strict_schema(value)
-        else:
-            out[key] = value
-    kind = out.get("type")
-    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind) or (
-        "properties" in out)
-    if (is_object and not {"additionalProperties", "patternProperties",
+    out = _children_mapped(schema, xgrammar_strict_schema)
+    if (_is_object(out) and not {"additionalProperties", "patternProperties",
                            "unevaluatedProperties"} & out.keys()
             and {"properties", "required", "minProperties", "maxProperties"} & out.keys()):
         out["additionalProperties"] = False
