@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 #: Bumped whenever the meaning of a cached grammar changes (part of the disk cache key).
 #: 2: checksummed entries; 3: empty languages refused; 4: lowering with sound subsets (a spec
 #: may compile to another grammar than before); 5: unevaluated* split by branches, object and
-#: array values as schemas on xgrammar.
-RUNTIME_CACHE_VERSION = "5"
+#: array values as schemas on xgrammar; 6: xgrammar patterns rewritten (xgrammar_patterns) and
+#: multipleOf beside a range refused.
+RUNTIME_CACHE_VERSION = "6"
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
 #: receiving the worker's serialized grammar. Kept at 0.1 s by measurement (xgrammar 0.2.8,

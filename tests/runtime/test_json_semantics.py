@@ -46,6 +46,10 @@ CASES = {
     "enum_outside_type": ({"type": "string", "enum": ["a", 1]}, 1),
     "ref_beside_minimum": ({"$defs": {"x": {"type": "integer"}}, "$ref": "#/$defs/x",
                             "minimum": 3}, 1),
+    # The full MaskBench differential (bench/results/differential_dev_full_s9.json):
+    "multipleOf_with_minimum": ({"type": "integer", "minimum": 0, "multipleOf": 12}, 25),
+    "pattern_optional_group": ({"type": "string", "pattern": "^[^:\\s]+:[^:\\s]+(:[^\\s]+)?$"},
+                               "chrome:latest:"),
     "undeclared_property": ({"type": "object", "properties": {"a": {"type": "integer"}}},
                             {"a": 1, "b": 2}),
 }

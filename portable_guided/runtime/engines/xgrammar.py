@@ -17,6 +17,7 @@ from ..json_lowering import (
 )
 from ..json_semantics import xgrammar_unsupported
 from ..specs import GrammarSpec
+from ..xgrammar_patterns import exact_schema_patterns
 from .base import Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
 
 if TYPE_CHECKING:
@@ -198,7 +199,11 @@ class XGrammarEngine(Engine):
         if spec.option("any_whitespace", True):
             text = structured_values_text(text)
         schema = json.loads(text)
-        problems = [*unsound(schema), *xgrammar_escapes(schema), *xgrammar_unsupported(schema)]
+        exact, unscanned = exact_schema_patterns(schema)
+        if exact is not schema:
+            schema, text = exact, json.dumps(exact)
+        problems = [*unsound(schema), *xgrammar_escapes(schema), *xgrammar_unsupported(schema),
+                    *(f"pattern {p[:40]!r} could not be scanned" for p in unscanned)]
         if problems:
             more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
             raise UnsupportedSpec("; ".join(problems[:3]) + more)

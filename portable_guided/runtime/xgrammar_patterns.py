@@ -1,0 +1,142 @@
+"""Regex patterns of JSON schemas, rewritten so that xgrammar matches what they say.
+
+xgrammar compiles a schema's ``pattern`` (and ``patternProperties`` names) into one automaton
+(``RegexFSMBuilder``, "json_string" regexes), where two constructions accept more than the
+regex (xgrammar 0.2.8; found by the MaskBench differential, Github_medium o22092, and pinned by
+a random-regex test against Python's ``re``):
+
+- ``(X)?`` adds an epsilon edge from X's start to X's first end state; when that end state
+  has outgoing edges (X ends in a loop, ``(:[^\\s]+)?``), the rest of X can be read without
+  its beginning: ``^a(:b+)?$`` accepts ``"ab"``;
+- ``(X){n,}`` jumps back from every end to the *first* end state of the n-th copy and can go
+  on inside that copy from there.
+
+Both only matter when X is a group (a single character or class has an end state with no
+edges), and each has an exact equivalent xgrammar builds soundly: ``(X){0,1}`` (a fresh
+accepting start state) and ``(X){n}(X)*`` (Thompson's star). Regexes compiled on their own
+(``GrammarSpec.regex``) go through another converter that is not affected.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["exact_pattern", "exact_schema_patterns"]
+
+_OPEN_COUNT = re.compile(r"\{(\d+),\}")
+
+
+def exact_pattern(pattern: str) -> str | None:
+    """``pattern`` with the two constructions above replaced by their exact equivalents
+    (``pattern`` itself when it has neither), or ``None`` when it cannot be scanned
+    (unbalanced groups, a class opening with ``]``): a caller refuses those."""
+    out: list[str] = []
+    groups: list[int] = []  # where each open group starts in `out`
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            if i + 1 >= n:
+                return None
+            out.append(pattern[i:i + 2])
+            i += 2
+        elif c == "[":
+            end = _class_end(pattern, i)
+            if end is None:
+                return None
+            out.append(pattern[i:end])
+            i = end
+        elif c == "(":
+            groups.append(len(out))
+            out.append(c)
+            i += 1
+        elif c == ")":
+            if not groups:
+                return None
+            start = groups.pop()
+            group = "".join(out[start:]) + ")"
+            del out[start:]
+            i += 1
+            if pattern.startswith("?", i):
+                out.append(group + "{0,1}")
+                i += 1
+            elif m := _OPEN_COUNT.match(pattern, i):
+                low = int(m.group(1))
+                out.append(f"{group}{{{low}}}{group}*" if low > 1 else
+                           group + ("+" if low == 1 else "*"))
+                i = m.end()
+            else:
+                out.append(group)
+        else:
+            out.append(c)
+            i += 1
+    return None if groups else "".join(out)
+
+
+def _class_end(pattern: str, start: int) -> int | None:
+    """Index just past the character class opening at ``start``."""
+    i = start + 1
+    if pattern.startswith("^", i):
+        i += 1
+    if pattern.startswith("]", i):  # `[]...]`: read differently by regex dialects
+        return None
+    while i < len(pattern):
+        if pattern[i] == "\\":
+            i += 2
+        elif pattern[i] == "]":
+            return i + 1
+        else:
+            i += 1
+    return None
+
+
+_DATA_KEYS = ("enum", "const", "default", "examples")
+_NAME_MAPS = ("properties", "$defs", "definitions", "dependentSchemas", "dependencies")
+
+
+def exact_schema_patterns(schema: Any) -> tuple[Any, list[str]]:
+    """``schema`` with every ``pattern`` and ``patternProperties`` name passed through
+    :func:`exact_pattern` (a new object where one changed, ``schema`` itself otherwise), and
+    the patterns that could not be scanned."""
+    bad: list[str] = []
+
+    def pattern(text: str) -> str:
+        exact = exact_pattern(text)
+        if exact is None:
+            bad.append(text)
+        return text if exact is None or exact == text else exact
+
+    def names(value: Mapping[str, Any]) -> Any:
+        out: dict[str, Any] = {}
+        for name, sub in value.items():
+            exact = pattern(name)
+            if exact in out:  # two names that read the same once rewritten
+                bad.append(name)
+            out[exact] = walk(sub)
+        same = list(out) == list(value) and all(out[k] is value[k] for k in value)
+        return value if same else out
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            items = [walk(x) for x in node]
+            return node if all(a is b for a, b in zip(items, node)) else items
+        if not isinstance(node, Mapping):
+            return node
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in _DATA_KEYS:
+                out[key] = value
+            elif key == "pattern" and isinstance(value, str):
+                out[key] = pattern(value)
+            elif key == "patternProperties" and isinstance(value, Mapping):
+                out[key] = names(value)
+            elif key in _NAME_MAPS and isinstance(value, Mapping):
+                subs = {k: walk(v) for k, v in value.items()}
+                out[key] = value if all(subs[k] is value[k] for k in value) else subs
+            else:
+                out[key] = walk(value)
+        return node if all(out[k] is node[k] for k in node) else out
+
+    return walk(schema), bad
