@@ -60,6 +60,10 @@ _FAMILY = {**{k: "number" for k in _NUMBER_KW}, **{k: "string" for k in _STRING_
 _ANNOTATIONS = frozenset(("title", "description", "default", "examples", "$comment",
                           "$schema", "deprecated", "readOnly", "writeOnly", "contentEncoding",
                           "contentMediaType", "contentSchema", "$vocabulary"))
+#: Every keyword of JSON Schema drafts 4 to 2020-12; others are unknown (annotations).
+_KEYWORDS = frozenset((*_SUB, *_MAPS, *_LISTS, *_DATA, *_FAMILY, *_ANNOTATIONS, "type", "$ref",
+                       "$id", "id", "$anchor", "$dynamicAnchor", "$dynamicRef", "$recursiveRef",
+                       "$recursiveAnchor", "required", "format"))
 #: Keywords whose subschemas apply to the instance itself (their annotations count for
 #: unevaluatedProperties/unevaluatedItems of the schema that holds them).
 _IN_PLACE = frozenset(("allOf", "anyOf", "oneOf", "not", "if", "then", "else",
@@ -802,7 +806,8 @@ class _Lowerer:
         if "type" in s or "enum" in s or "const" in s:
             return s
         families = {_FAMILY[k] for k in s if k in _FAMILY}
-        if not families or set(s) - _ANNOTATIONS - set(_FAMILY) - {"$defs"}:
+        unknown = {k for k in s if k not in _KEYWORDS}  # annotations (2019-09 on), ignored before
+        if not families or set(s) - _ANNOTATIONS - set(_FAMILY) - {"$defs"} - unknown:
             return s
         free = [t for t in _TYPES if t not in families and not (
             t == "integer" and "number" in families)]

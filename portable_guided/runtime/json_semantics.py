@@ -125,6 +125,10 @@ def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterat
             yield (f"pattern {p[:40]!r} is not anchored (^...$): JSON Schema searches, "
                    "xgrammar matches the whole string")
     siblings = set(node) - ANNOTATIONS - {"type"}
+    for key in ("enum", "const"):
+        if key in node and siblings - {key}:
+            yield (f"{key} beside {sorted(siblings - {key})[:4]}: xgrammar ignores one or "
+                   "the other")
     for key in ("anyOf", "oneOf", "$ref"):
         if key in node and siblings - {key}:
             yield (f"{key} beside {sorted(siblings - {key})[:4]}: xgrammar ignores one or "

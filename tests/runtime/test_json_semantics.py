@@ -50,6 +50,14 @@ CASES = {
     "multipleOf_with_minimum": ({"type": "integer", "minimum": 0, "multipleOf": 12}, 25),
     "pattern_optional_group": ({"type": "string", "pattern": "^[^:\\s]+:[^:\\s]+(:[^\\s]+)?$"},
                                "chrome:latest:"),
+    "enum_beside_ref": ({"$defs": {"s": {"type": "string"}}, "enum": [{"a": 1}],
+                         "properties": {"a": {"$ref": "#/$defs/s"}}}, {"a": 1}),
+    # (the value "$ref" keeps the lowering's enum filter away, as a real $ref inside does)
+    "enum_beside_maxLength": ({"type": "string", "enum": ["a", "bb", "$ref"], "maxLength": 1},
+                              "bb"),
+    "enum_beside_properties": ({"enum": [{"a": False}], "properties": {"a": {"$ref": "#"}}},
+                               {"a": False}),
+    "untyped_items_beside_unknown": ({"acl": "array", "items": {"type": "string"}}, {"a": 1}),
     "undeclared_property": ({"type": "object", "properties": {"a": {"type": "integer"}}},
                             {"a": 1, "b": 2}),
 }
