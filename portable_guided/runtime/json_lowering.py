@@ -435,6 +435,7 @@ class _Lowerer:
         self._narrowed: set[str] = set()
         self._reused_narrowed = 0
         self._busy: set[str] = set()
+        self._plain_defs: bool | None = None  # see _defs_resolvable
         # keep: the schema being rewritten produces annotations an unevaluated* keyword
         # sees (its own or an enclosing one's); inherited: only an enclosing one's.
         self.keep = False
@@ -606,11 +607,15 @@ class _Lowerer:
     def _enum_filter(self, s: dict[str, Any]) -> Any:
         """``enum``/``const`` beside other keywords as the ``enum`` of the values that the
         whole schema accepts, decided by the ``jsonschema`` validator (formats asserted)
-        when it is installed; schemas with a ``$ref`` inside are left alone."""
+        when it is installed; a ``$ref`` inside is resolved in the document's definitions
+        (:meth:`_defs_resolvable`; left alone otherwise)."""
         values = s["enum"] if isinstance(s.get("enum"), list) else (
             [s["const"]] if "const" in s else None)
         rest = set(s) - _ANNOTATIONS - {"enum", "const", "$defs", "type"}
-        if values is None or not rest or self.keep or '"$ref"' in json.dumps(s):
+        if values is None or not rest or self.keep:
+            return s
+        refs = list(_refs(s))
+        if refs and not self._defs_resolvable(refs):
             return s
         try:
             from jsonschema import Draft202012Validator as Validator
@@ -619,6 +624,8 @@ class _Lowerer:
         # The values come from the enum: checking them against it again is quadratic.
         check = {k: v for k, v in s.items() if k not in _ANNOTATIONS and k != "enum"
                  and not (k == "const" and "enum" not in s)}
+        if refs:  # every one a `#/$defs/pg<n>` (checked above): the definitions go along
+            check["$defs"] = self.defs
         try:
             validator = Validator(check, format_checker=Validator.FORMAT_CHECKER)
             kept = [v for v in values if validator.is_valid(v)]
@@ -627,6 +634,20 @@ class _Lowerer:
         if not kept:
             return False
         return {**{k: v for k, v in s.items() if k in _ANNOTATIONS}, "enum": kept}
+
+    def _defs_resolvable(self, refs: list[str]) -> bool:
+        """Whether a validator given ``self.defs`` as ``$defs`` resolves ``refs`` (and the
+        references inside the definitions) as the schema does: every one a hoisted
+        ``#/$defs/pg<n>`` and no ``$id`` (which would move the base URI) or dynamic reference
+        in the definitions."""
+        if self._plain_defs is None:
+            text = json.dumps(self.defs)
+            self._plain_defs = not any(f'"{k}"' in text for k in
+                                       ("$id", "$dynamicRef", "$recursiveRef")) and all(
+                r.startswith("#/$defs/pg") and r.rsplit("/", 1)[-1] in self.defs
+                for r in _refs(self.defs))
+        return self._plain_defs and all(
+            r.startswith("#/$defs/pg") and r.rsplit("/", 1)[-1] in self.defs for r in refs)
 
     def _drop_false_branches(self, s: dict[str, Any]) -> Any:
         for key in ("anyOf", "oneOf"):

@@ -527,6 +527,27 @@ def test_unevaluated_beside_one_of_and_if_become_additional_keywords():
     assert _valid(lower(if_then), {"baz": "y"})
 
 
+def test_enum_beside_keywords_with_refs_keeps_the_values_the_schema_accepts():
+    """The enum filter resolves a ``$ref`` inside in the document's definitions (the
+    MaskBench Synthesized ``ref ... not`` shapes); a definition with an ``$id`` that would
+    move the base URI keeps it away."""
+    schema = {"$defs": {"s": {"type": "string"}, "n": {"type": "integer"}},
+              "enum": [{"a": "x"}, {"a": 1}, {"b": 2}, 3],
+              "properties": {"a": {"$ref": "#/$defs/s"}, "b": {"$ref": "#/$defs/n"}}}
+    lowered = lower(schema)
+    assert lowered.get("enum") == [{"a": "x"}, {"b": 2}, 3], lowered
+    assert set(lowered) - {"$defs"} == {"enum"}
+    recursive = {"allOf": [{"enum": [{"foo": False}, {"foo": {"bar": 1}}]},
+                           {"properties": {"foo": {"$ref": "#/allOf/1"}},
+                            "additionalProperties": False}]}
+    assert lower(recursive).get("enum") == [{"foo": False}]
+    for x in ({"foo": False}, {"foo": {"bar": 1}}, {"foo": True}):
+        assert _valid(recursive, x) is _valid(lower(recursive), x), x
+    moved = {"$defs": {"s": {"$id": "https://example.test/s", "type": "string"}},
+             "enum": ["x", 1], "$ref": "#/$defs/s"}
+    assert _valid(lower(moved), "x") and not _valid(lower(moved), 1)
+
+
 def test_dynamic_ref_with_one_anchor_of_its_name_resolves_as_a_ref():
     """Only one ``$dynamicAnchor`` holds the name: the dynamic scope can find no other, so
     the reference is static (dynamicRef.json group 0's shape). Two anchors of the name (a
