@@ -50,6 +50,8 @@ CASES = {
     "multipleOf_with_minimum": ({"type": "integer", "minimum": 0, "multipleOf": 12}, 25),
     "pattern_optional_group": ({"type": "string", "pattern": "^[^:\\s]+:[^:\\s]+(:[^\\s]+)?$"},
                                "chrome:latest:"),
+    "patternProperties_optional_group": ({"type": "object", "additionalProperties": False,
+                                          "patternProperties": {"^a(:b+)?$": {}}}, {"ab": 1}),
     "enum_beside_ref": ({"$defs": {"s": {"type": "string"}}, "enum": [{"a": 1}],
                          "properties": {"a": {"$ref": "#/$defs/s"}}}, {"a": 1}),
     # (the value "$ref" keeps the lowering's enum filter away, as a real $ref inside does)
