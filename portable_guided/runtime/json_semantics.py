@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from .xgrammar_patterns import needs_escaped_character
+
 __all__ = ["XGRAMMAR_FORMATS", "strict_schema", "xgrammar_strict_schema", "xgrammar_unsupported"]
 
 # Keywords whose values are subschemas, maps of subschemas, or lists of subschemas.
@@ -121,6 +123,9 @@ def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterat
     if isinstance(node.get("patternProperties"), Mapping):
         patterns += list(node["patternProperties"])
     for p in patterns:
+        if needs_escaped_character(p):
+            yield (f"pattern {p[:40]!r} needs a backslash or quote, which xgrammar never "
+                   "generates inside a string")
         if not (p.startswith("^") and p.endswith("$") and not p.endswith("\\$")):
             yield (f"pattern {p[:40]!r} is not anchored (^...$): JSON Schema searches, "
                    "xgrammar matches the whole string")

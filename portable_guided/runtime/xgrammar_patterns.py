@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["exact_pattern", "exact_schema_patterns"]
+__all__ = ["exact_pattern", "exact_schema_patterns", "needs_escaped_character"]
 
 _OPEN_COUNT = re.compile(r"\{(\d+),\}")
 
@@ -73,6 +73,27 @@ def exact_pattern(pattern: str) -> str | None:
             out.append(c)
             i += 1
     return None if groups else "".join(out)
+
+
+def needs_escaped_character(pattern: str) -> bool:
+    """Whether ``pattern`` names a ``\\`` or ``"`` outside a character class: characters a
+    JSON string holds only as escapes, which xgrammar's automaton never generates (it leaves
+    them out of every range): such strings cannot be written (MaskBench Github_medium o36798,
+    ``^\\\\d+/...``). Conservative: also true where the character is optional."""
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            if pattern[i + 1:i + 2] in ("\\", '"'):
+                return True
+            i += 2
+        elif c == "[":
+            i = _class_end(pattern, i) or len(pattern)
+        else:
+            if c == '"':
+                return True
+            i += 1
+    return False
 
 
 def _class_end(pattern: str, start: int) -> int | None:

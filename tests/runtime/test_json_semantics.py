@@ -50,6 +50,7 @@ CASES = {
     "multipleOf_with_minimum": ({"type": "integer", "minimum": 0, "multipleOf": 12}, 25),
     "pattern_optional_group": ({"type": "string", "pattern": "^[^:\\s]+:[^:\\s]+(:[^\\s]+)?$"},
                                "chrome:latest:"),
+    "pattern_needs_backslash": ({"type": "string", "pattern": "^\\\\d+$"}, "\\dd"),
     "patternProperties_optional_group": ({"type": "object", "additionalProperties": False,
                                           "patternProperties": {"^a(:b+)?$": {}}}, {"ab": 1}),
     "enum_beside_ref": ({"$defs": {"s": {"type": "string"}}, "enum": [{"a": 1}],

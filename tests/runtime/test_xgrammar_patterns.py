@@ -10,7 +10,11 @@ import re
 
 import pytest
 
-from portable_guided.runtime.xgrammar_patterns import exact_pattern, exact_schema_patterns
+from portable_guided.runtime.xgrammar_patterns import (
+    exact_pattern,
+    exact_schema_patterns,
+    needs_escaped_character,
+)
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -126,3 +130,22 @@ def test_schema_patterns_that_cannot_be_scanned_are_reported():
     _, bad = exact_schema_patterns({"patternProperties": {"(a)?": {}, "(a){0,1}": {}},
                                     "pattern": "(b"})
     assert sorted(bad) == ["(a){0,1}", "(b"]
+
+
+@pytest.mark.parametrize("pattern, needs", [
+    ("^\\\\d+$", True), ('^a"b$', True), ('^a\\"b$', True), ("^a(\\\\)?$", True),
+    ("^[\\\\a]+$", False), ('^[^"]+$', False), ("^\\d+\\.\\w$", False), ("^a$", False),
+])
+def test_patterns_needing_an_escaped_character(pattern, needs):
+    assert needs_escaped_character(pattern) is needs
+
+
+def test_xgrammar_writes_no_string_that_needs_an_escape():
+    """Why the patterns above are refused: a valid string holding a backslash is rejected."""
+    schema = {"type": "string", "pattern": "^\\\\d+$"}
+    assert re.search(schema["pattern"], "\\dd")
+    grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False).compile_grammar(
+        grammar)
+    matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+    assert not (matcher.accept_string(json.dumps("\\dd")) and matcher.is_terminated())
