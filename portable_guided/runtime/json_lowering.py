@@ -526,7 +526,7 @@ class _Lowerer:
 
     def inline(self, ref: str) -> Any:
         """The lowered target of ``ref`` if it is not recursive, else raise _NotExact."""
-        if not (ref.startswith("#/$defs/pg") and ref.rsplit("/", 1)[-1] in self.defs):
+        if not self._is_def_ref(ref):
             raise _NotExact(f"unresolved $ref {ref}")
         target = self.target(ref)
         if any(True for _ in _refs(target)):
@@ -644,10 +644,12 @@ class _Lowerer:
             text = json.dumps(self.defs)
             self._plain_defs = not any(f'"{k}"' in text for k in
                                        ("$id", "$dynamicRef", "$recursiveRef")) and all(
-                r.startswith("#/$defs/pg") and r.rsplit("/", 1)[-1] in self.defs
-                for r in _refs(self.defs))
-        return self._plain_defs and all(
-            r.startswith("#/$defs/pg") and r.rsplit("/", 1)[-1] in self.defs for r in refs)
+                map(self._is_def_ref, _refs(self.defs)))
+        return self._plain_defs and all(map(self._is_def_ref, refs))
+
+    def _is_def_ref(self, ref: str) -> bool:
+        """Whether ``ref`` names one of the hoisted definitions (``#/$defs/pg<n>``)."""
+        return ref.startswith("#/$defs/pg") and ref.rsplit("/", 1)[-1] in self.defs
 
     def _drop_false_branches(self, s: dict[str, Any]) -> Any:
         for key in ("anyOf", "oneOf"):

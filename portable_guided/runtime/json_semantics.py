@@ -22,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .xgrammar_patterns import needs_escaped_character
+from .xgrammar_patterns import exact_pattern, needs_escaped_character
 
-__all__ = ["XGRAMMAR_FORMATS", "strict_schema", "xgrammar_strict_schema", "xgrammar_unsupported"]
+__all__ = ["XGRAMMAR_FORMATS", "strict_schema", "xgrammar_exact_patterns", "xgrammar_strict_schema",
+           "xgrammar_unsupported"]
 
 # Keywords whose values are subschemas, maps of subschemas, or lists of subschemas.
 _SCHEMA_KEYS = ("additionalProperties", "additionalItems", "items", "contains", "not", "if",
@@ -215,6 +216,48 @@ def xgrammar_strict_schema(schema: Any) -> Any:
     if "prefixItems" in out and not {"items", "additionalItems", "unevaluatedItems"} & out.keys():
         out["items"] = False
     return out
+
+
+def xgrammar_exact_patterns(schema: Any) -> tuple[Any, list[str]]:
+    """``schema`` with every ``pattern`` and ``patternProperties`` name passed through
+    ``xgrammar_patterns.exact_pattern`` (a new object where one changed, ``schema`` itself
+    otherwise), and the patterns that could not be scanned (or that two names of one
+    ``patternProperties`` share once rewritten)."""
+    patterns = []
+    for _, node in iter_schemas(schema):
+        if isinstance(node.get("pattern"), str):
+            patterns.append(node["pattern"])
+        if isinstance(node.get("patternProperties"), Mapping):
+            patterns += list(node["patternProperties"])
+    if all(exact_pattern(p) == p for p in patterns):
+        return schema, []
+    bad: list[str] = []
+
+    def exact(text: str) -> str:
+        out = exact_pattern(text)
+        if out is None:
+            bad.append(text)
+        return text if out is None else out
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(s) for s in node]
+        if not isinstance(node, Mapping):
+            return node
+        out = _children_mapped(node, walk)
+        if isinstance(out.get("pattern"), str):
+            out["pattern"] = exact(out["pattern"])
+        if isinstance(out.get("patternProperties"), Mapping):
+            names: dict[str, Any] = {}
+            for name, sub in out["patternProperties"].items():
+                key = exact(name)
+                if key in names:
+                    bad.append(name)
+                names[key] = sub
+            out["patternProperties"] = names
+        return out
+
+    return walk(schema), bad
 
 
 def _escape(part: Any) -> str:

@@ -14,16 +14,15 @@ a random-regex test against Python's ``re``):
 Both only matter when X is a group (a single character or class has an end state with no
 edges), and each has an exact equivalent xgrammar builds soundly: ``(X){0,1}`` (a fresh
 accepting start state) and ``(X){n}(X)*`` (Thompson's star). Regexes compiled on their own
-(``GrammarSpec.regex``) go through another converter that is not affected.
+(``GrammarSpec.regex``) go through another converter that is not affected. The schema-level
+walk is ``json_semantics.xgrammar_exact_patterns``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
 
-__all__ = ["exact_pattern", "exact_schema_patterns", "needs_escaped_character"]
+__all__ = ["exact_pattern", "needs_escaped_character"]
 
 _OPEN_COUNT = re.compile(r"\{(\d+),\}")
 
@@ -111,53 +110,3 @@ def _class_end(pattern: str, start: int) -> int | None:
         else:
             i += 1
     return None
-
-
-_DATA_KEYS = ("enum", "const", "default", "examples")
-_NAME_MAPS = ("properties", "$defs", "definitions", "dependentSchemas", "dependencies")
-
-
-def exact_schema_patterns(schema: Any) -> tuple[Any, list[str]]:
-    """``schema`` with every ``pattern`` and ``patternProperties`` name passed through
-    :func:`exact_pattern` (a new object where one changed, ``schema`` itself otherwise), and
-    the patterns that could not be scanned."""
-    bad: list[str] = []
-
-    def pattern(text: str) -> str:
-        exact = exact_pattern(text)
-        if exact is None:
-            bad.append(text)
-        return text if exact is None or exact == text else exact
-
-    def names(value: Mapping[str, Any]) -> Any:
-        out: dict[str, Any] = {}
-        for name, sub in value.items():
-            exact = pattern(name)
-            if exact in out:  # two names that read the same once rewritten
-                bad.append(name)
-            out[exact] = walk(sub)
-        same = list(out) == list(value) and all(out[k] is value[k] for k in value)
-        return value if same else out
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, list):
-            items = [walk(x) for x in node]
-            return node if all(a is b for a, b in zip(items, node)) else items
-        if not isinstance(node, Mapping):
-            return node
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            if key in _DATA_KEYS:
-                out[key] = value
-            elif key == "pattern" and isinstance(value, str):
-                out[key] = pattern(value)
-            elif key == "patternProperties" and isinstance(value, Mapping):
-                out[key] = names(value)
-            elif key in _NAME_MAPS and isinstance(value, Mapping):
-                subs = {k: walk(v) for k, v in value.items()}
-                out[key] = value if all(subs[k] is value[k] for k in value) else subs
-            else:
-                out[key] = walk(value)
-        return node if all(out[k] is node[k] for k in node) else out
-
-    return walk(schema), bad

@@ -15,9 +15,8 @@ from ..json_lowering import (
     unsound,
     xgrammar_escapes,
 )
-from ..json_semantics import xgrammar_unsupported
+from ..json_semantics import xgrammar_exact_patterns, xgrammar_unsupported
 from ..specs import GrammarSpec
-from ..xgrammar_patterns import exact_schema_patterns
 from .base import Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
 
 if TYPE_CHECKING:
@@ -199,7 +198,7 @@ class XGrammarEngine(Engine):
         if spec.option("any_whitespace", True):
             text = structured_values_text(text)
         schema = json.loads(text)
-        exact, unscanned = exact_schema_patterns(schema)
+        exact, unscanned = xgrammar_exact_patterns(schema)
         if exact is not schema:
             schema, text = exact, json.dumps(exact)
         problems = [*unsound(schema), *xgrammar_escapes(schema), *xgrammar_unsupported(schema),
