@@ -629,7 +629,12 @@ class _Lowerer:
         try:
             validator = Validator(check, format_checker=Validator.FORMAT_CHECKER)
             kept = [v for v in values if validator.is_valid(v)]
-        except Exception as exc:  # noqa: BLE001 - a schema the validator cannot read
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        # A schema the validator cannot read; a `$ref` cycle that consumes nothing
+        # (`{"if": {"$ref": "#"}}`) recurses until `referencing`'s Rust core panics
+        # (pyo3's PanicException, a BaseException).
+        except BaseException as exc:  # noqa: BLE001
             raise _NotExact(f"validator: {type(exc).__name__}") from None
         if not kept:
             return False

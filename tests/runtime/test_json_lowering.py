@@ -543,6 +543,11 @@ def test_enum_beside_keywords_with_refs_keeps_the_values_the_schema_accepts():
     assert lower(recursive).get("enum") == [{"foo": False}]
     for x in ({"foo": False}, {"foo": {"bar": 1}}, {"foo": True}):
         assert _valid(recursive, x) is _valid(lower(recursive), x), x
+    # A `$ref` cycle that consumes nothing: the validator recurses until referencing's Rust
+    # core panics (a BaseException); the filter then leaves the schema alone.
+    cycle = {"$defs": {"x": {"if": {"$ref": "#/$defs/x"}, "then": {"type": "integer"}}},
+             "enum": [1, "a"], "minimum": 0, "allOf": [{"$ref": "#/$defs/x"}]}
+    assert lower(cycle)["enum"] == [1, "a"]
     moved = {"$defs": {"s": {"$id": "https://example.test/s", "type": "string"}},
              "enum": ["x", 1], "$ref": "#/$defs/s"}
     assert _valid(lower(moved), "x") and not _valid(lower(moved), 1)
