@@ -24,8 +24,8 @@ from typing import Any
 
 from .xgrammar_patterns import exact_pattern, needs_escaped_character
 
-__all__ = ["XGRAMMAR_FORMATS", "strict_schema", "xgrammar_exact_patterns", "xgrammar_strict_schema",
-           "xgrammar_unsupported"]
+__all__ = ["XGRAMMAR_FORMATS", "length_pattern", "strict_schema", "xgrammar_exact_strings",
+           "xgrammar_strict_schema", "xgrammar_unsupported"]
 
 # Keywords whose values are subschemas, maps of subschemas, or lists of subschemas.
 _SCHEMA_KEYS = ("additionalProperties", "additionalItems", "items", "contains", "not", "if",
@@ -117,6 +117,8 @@ def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterat
         yield "multipleOf beside minimum/maximum: xgrammar ignores the multipleOf"
     if "pattern" in node and ("minLength" in node or "maxLength" in node):
         yield "pattern with minLength/maxLength: xgrammar drops the length bounds"
+    if "format" in node and ("minLength" in node or "maxLength" in node):
+        yield "format with minLength/maxLength: xgrammar drops the length bounds"
     if "patternProperties" in node and node.get("additionalProperties") is not False:
         yield ("patternProperties with additional properties allowed: xgrammar rejects "
                "names that match no pattern")
@@ -218,18 +220,52 @@ def xgrammar_strict_schema(schema: Any) -> Any:
     return out
 
 
-def xgrammar_exact_patterns(schema: Any) -> tuple[Any, list[str]]:
-    """``schema`` with every ``pattern`` and ``patternProperties`` name passed through
-    ``xgrammar_patterns.exact_pattern`` (a new object where one changed, ``schema`` itself
-    otherwise), and the patterns that could not be scanned (or that two names of one
-    ``patternProperties`` share once rewritten)."""
+def length_pattern(min_length: int, max_length: int | None) -> str | None:
+    """The anchored regex of the strings ``min_length`` to ``max_length`` characters long
+    (``None``: unbounded) with no control character, or ``None`` when every string
+    qualifies. The explicit class matters: xgrammar 0.2.8 builds ``[\\s\\S]{0,n}`` with
+    its control characters from n = 150 on, as it builds ``maxLength`` itself."""
+    char = "[^\\x00-\\x1f]"
+    if max_length is None:
+        return None if min_length == 0 else f"^{char}{{{min_length}}}{char}*$"
+    return f"^{char}{{{min_length},{max_length}}}$"
+
+
+def _length_bounds(node: Mapping[str, Any]) -> tuple[int, int | None] | None:
+    """``(minLength, maxLength)`` of a string schema whose only string keywords are these
+    (integers), else ``None``."""
+    types = node.get("type")
+    if not ("minLength" in node or "maxLength" in node) or not (
+            types == "string" or isinstance(types, list) and "string" in types):
+        return None
+    if "pattern" in node or "format" in node:
+        return None  # refused on xgrammar instead (it drops the bounds beside these)
+    low, high = node.get("minLength", 0), node.get("maxLength")
+    if not (type(low) is int and (high is None or type(high) is int and high >= low)):
+        return None  # (xgrammar reports minLength above maxLength itself)
+    return low, high
+
+
+def xgrammar_exact_strings(schema: Any) -> tuple[Any, list[str]]:
+    """``schema`` with its string keywords in forms xgrammar 0.2.8 builds exactly (a new
+    object where one changed, ``schema`` itself otherwise), and the patterns that could not
+    be scanned (or that two names of one ``patternProperties`` share once rewritten):
+
+    - every ``pattern`` and ``patternProperties`` name passed through
+      ``xgrammar_patterns.exact_pattern``;
+    - ``minLength``/``maxLength`` as the ``pattern`` of :func:`length_pattern`: xgrammar's
+      own length-bounded string lets raw control characters (tab, U+0000-U+001F but newline
+      and carriage return) into the string, which is then not JSON. (xgrammar generates no
+      escape in either form, so excluding control characters loses nothing it had.)"""
     patterns = []
+    lengths = False
     for _, node in iter_schemas(schema):
         if isinstance(node.get("pattern"), str):
             patterns.append(node["pattern"])
         if isinstance(node.get("patternProperties"), Mapping):
             patterns += list(node["patternProperties"])
-    if all(exact_pattern(p) == p for p in patterns):
+        lengths = lengths or _length_bounds(node) is not None
+    if not lengths and all(exact_pattern(p) == p for p in patterns):
         return schema, []
     bad: list[str] = []
 
@@ -245,6 +281,13 @@ def xgrammar_exact_patterns(schema: Any) -> tuple[Any, list[str]]:
         if not isinstance(node, Mapping):
             return node
         out = _children_mapped(node, walk)
+        bounds = _length_bounds(out)
+        if bounds is not None:
+            out.pop("minLength", None)
+            out.pop("maxLength", None)
+            pattern = length_pattern(*bounds)
+            if pattern is not None:
+                out["pattern"] = pattern
         if isinstance(out.get("pattern"), str):
             out["pattern"] = exact(out["pattern"])
         if isinstance(out.get("patternProperties"), Mapping):

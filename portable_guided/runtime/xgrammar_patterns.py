@@ -15,7 +15,7 @@ Both only matter when X is a group (a single character or class has an end state
 edges), and each has an exact equivalent xgrammar builds soundly: ``(X){0,1}`` (a fresh
 accepting start state) and ``(X){n}(X)*`` (Thompson's star). Regexes compiled on their own
 (``GrammarSpec.regex``) go through another converter that is not affected. The schema-level
-walk is ``json_semantics.xgrammar_exact_patterns``.
+walk is ``json_semantics.xgrammar_exact_strings``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from portable_guided.runtime.json_semantics import xgrammar_exact_patterns as exact_schema_patterns
+from portable_guided.runtime.json_semantics import xgrammar_exact_strings as exact_schema_patterns
 from portable_guided.runtime.xgrammar_patterns import exact_pattern, needs_escaped_character
 
 xgr = pytest.importorskip("xgrammar")

@@ -15,7 +15,7 @@ from ..json_lowering import (
     unsound,
     xgrammar_escapes,
 )
-from ..json_semantics import xgrammar_exact_patterns, xgrammar_unsupported
+from ..json_semantics import xgrammar_exact_strings, xgrammar_unsupported
 from ..specs import GrammarSpec
 from .base import Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
 
@@ -198,7 +198,7 @@ class XGrammarEngine(Engine):
         if spec.option("any_whitespace", True):
             text = structured_values_text(text)
         schema = json.loads(text)
-        exact, unscanned = xgrammar_exact_patterns(schema)
+        exact, unscanned = xgrammar_exact_strings(schema)
         if exact is not schema:
             schema, text = exact, json.dumps(exact)
         problems = [*unsound(schema), *xgrammar_escapes(schema), *xgrammar_unsupported(schema),
