@@ -88,13 +88,16 @@ class _NotExact(Exception):
 
 
 def _copy(x: Any) -> Any:
-    """A deep copy of a JSON value (dicts and lists rebuilt; the rest is immutable): several
-    times faster than ``copy.deepcopy``, which the lowering calls on every merge."""
+    """A deep copy of a JSON value (dicts and lists rebuilt, other mappings as dicts; the
+    rest is immutable): several times faster than ``copy.deepcopy``, which the lowering
+    calls on every merge. Inside the lowering every object is then a ``dict``."""
     if isinstance(x, dict):
         return {k: _copy(v) for k, v in x.items()}
     if isinstance(x, list):
         return [_copy(v) for v in x]
-    return x
+    if isinstance(x, (str, int, float)) or x is None:
+        return x
+    return {k: _copy(v) for k, v in x.items()} if isinstance(x, Mapping) else x
 
 
 @functools.lru_cache(maxsize=256)
@@ -103,12 +106,16 @@ def engine_schema_text(text: str) -> str:
     as JSON text (cached: ``auto`` lowers once for both engines)."""
     schema = json.loads(text)
     try:
-        lowered = lower(schema, approximate=True)
-        if lowered is schema and isinstance(schema, Mapping):
-            return text  # (most schemas: nothing to rewrite, no new text)
+        if isinstance(schema, dict):
+            if not _needs_lowering(schema):
+                return text  # (most schemas: nothing to rewrite, no new text)
+            # `schema` is ours (just parsed): lowered in place, no copy.
+            lowered = _lower_owned(schema, approximate=True, keys=_KeyHint(text))
+        else:
+            lowered = schema
         if lowered is False:
             # If the narrowing left nothing, keep the keywords (the engines refuse them).
-            lowered = lower(schema)
+            lowered = lower(json.loads(text))
     except (RecursionError, ValueError, TypeError, KeyError, IndexError) as exc:
         # A shape the rewrites did not foresee: the engines get the schema as it is (and
         # the soundness checks still run on it).
@@ -117,6 +124,32 @@ def engine_schema_text(text: str) -> str:
     if lowered is True:
         lowered = {}  # the same language; engines want an object at the root
     return json.dumps(lowered, ensure_ascii=False, separators=(",", ":"))
+
+
+class _KeyHint:
+    """Which keywords a schema cannot hold, read from its JSON text: a keyword absent from
+    the text is in no subschema (the converse need not hold: a property may be named
+    ``$id``). Text with ``\\u`` escapes (a keyword could be spelled with them) is written
+    out again first."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._counts: dict[str, int] = {}
+
+    @classmethod
+    def of(cls, schema: Any) -> _KeyHint:
+        return cls(json.dumps(schema))
+
+    def may_hold(self, *keys: str) -> bool:
+        return any(self.count(k) for k in keys)
+
+    def count(self, key: str) -> int:
+        """At least the number of subschemas that hold ``key``."""
+        if key not in self._counts:
+            if not self._counts and "\\u" in self.text:
+                self.text = json.dumps(json.loads(self.text))
+            self._counts[key] = self.text.count(f'"{key}"')
+        return self._counts[key]
 
 
 def refuse_unsatisfiable(text: str) -> None:
@@ -143,8 +176,15 @@ def lower(schema: Any, *, approximate: bool = False) -> Any:
         return schema
     if not _needs_lowering(schema):
         return schema  # (most schemas: one cheap walk instead of a copy and every step)
-    doc = _hoist_refs(_copy(dict(schema)))
-    lowerer = _Lowerer(doc, approximate=approximate)
+    return _lower_owned(_copy(dict(schema)), approximate=approximate, keys=None)
+
+
+def _lower_owned(doc: dict[str, Any], *, approximate: bool, keys: _KeyHint | None) -> Any:
+    """:func:`lower` on a schema the caller gives away (rewritten in place). ``keys``: what
+    the schema's text says about its keywords (None: read from the schema)."""
+    keys = keys or _KeyHint.of(doc)
+    doc = _hoist_refs(doc, keys)
+    lowerer = _Lowerer(doc, approximate=approximate, keys=keys)
     out = lowerer.run()
     for where in lowerer.approximated:
         _log.info("schema narrowed to a sound subset: %s", where)
@@ -302,12 +342,13 @@ def _get(doc: Any, pointer: str) -> Any:
     return node
 
 
-def _hoist_refs(doc: dict[str, Any]) -> dict[str, Any]:
+def _hoist_refs(doc: dict[str, Any], keys: _KeyHint | None = None) -> dict[str, Any]:
     """Resolve every ``$ref`` of ``doc`` and point it at a copy of its target in the root's
     ``$defs`` (``pg<n>``); base URIs and anchors are dropped once resolved. A ``$ref`` that
     cannot be resolved locally (remote, unknown anchor) is left as it is; a schema with
     ``$dynamicRef`` keeps its anchors (its dynamic scope is not modelled)."""
-    dynamic = _static_dynamic_refs(doc)
+    keys = keys or _KeyHint.of(doc)
+    dynamic = keys.may_hold("$dynamicRef") and _static_dynamic_refs(doc)
     resources: dict[str, str] = {}
     anchors: dict[str, str] = {}
     refs: list[tuple[dict[str, Any], str]] = []  # (node, absolute uri)
@@ -325,10 +366,7 @@ def _hoist_refs(doc: dict[str, Any]) -> dict[str, Any]:
             if isinstance(node.get(key), str):
                 anchors.setdefault(f"{base}#{node[key]}", pointer)
         if isinstance(node.get("$ref"), str):
-            ref = node["$ref"]
-            # (a fragment resolves against the base as it is: the common case, no urljoin)
-            refs.append((node, base + ref if ref.startswith("#") else urllib.parse.urljoin(
-                base, ref)))
+            refs.append((node, _absolute(base, node["$ref"])))
         for p, sub in _children(node, pointer):
             visit(sub, p, base)
 
@@ -336,7 +374,12 @@ def _hoist_refs(doc: dict[str, Any]) -> dict[str, Any]:
         root_base = urllib.parse.urljoin(_DEFAULT_BASE, doc["$id"]).split("#")[0]
     resources[root_base] = ""
     resources.setdefault(_DEFAULT_BASE, "")
-    visit(doc, "", root_base)
+    if keys.may_hold("$id", "$anchor", "$dynamicAnchor"):
+        visit(doc, "", root_base)
+    elif keys.may_hold("$ref", "$dynamicRef"):  # (a $dynamicRef may have become a $ref)
+        # (most schemas: one base URI and no anchors, so no pointers to keep)
+        refs = [(n, _absolute(root_base, n["$ref"])) for n in _preorder(doc)
+                if isinstance(n, dict) and isinstance(n.get("$ref"), str)]
     if dynamic:
         return doc
     targets: dict[str, str] = {}
@@ -357,27 +400,41 @@ def _hoist_refs(doc: dict[str, Any]) -> dict[str, Any]:
             continue
         name = targets.setdefault(pointer, f"pg{len(targets)}")
         node["$ref"] = f"#/$defs/{name}"
-    copies = {name: _copy(_get(doc, pointer)) for pointer, name in targets.items()}
-    resolved = {f"#/$defs/{n}" for n in copies}
+    resolved = {f"#/$defs/{n}" for n in targets.values()}
+    # (`refs` holds every $ref of doc: none was added since)
+    everything = all(node["$ref"] in resolved for node, _ in refs)
+    # Copies, unless each target is a root definition that is dropped below (then nothing
+    # else reaches it; most schemas).
+    shared = everything and all(
+        p.count("/") == 2 and p.startswith(("/$defs/", "/definitions/")) for p in targets)
+    copies = {name: (_get(doc, pointer) if shared else _copy(_get(doc, pointer)))
+              for pointer, name in targets.items()}
 
-    def clean(node: Any, root: bool) -> Any:
-        if not isinstance(node, dict):
-            return node
-        for key in ("$id", "$anchor", "$dynamicAnchor"):
-            node.pop(key, None)
-        if not root:
-            node.pop("$schema", None)
-        # Every target is hoisted: what else $defs hold is unreachable.
-        node.pop("$defs", None)
-        node.pop("definitions", None)
-        for _, sub in _children(node, ""):
-            clean(sub, False)
-        return node
+    def clean(tree: Any, root: bool) -> None:
+        for node in _nodes(tree):  # (each node emptied before its children are read)
+            if not isinstance(node, dict):
+                continue
+            for key in ("$id", "$anchor", "$dynamicAnchor"):
+                node.pop(key, None)
+            if not (root and node is tree):
+                node.pop("$schema", None)
+            # Every target is hoisted: what else $defs hold is unreachable.
+            node.pop("$defs", None)
+            node.pop("definitions", None)
 
-    if all(r in resolved for r in _refs(doc)):
-        for c in copies.values():
-            clean(c, False)
-        clean(doc, True)
+    if everything:
+        if keys.may_hold("$id", "$anchor", "$dynamicAnchor") or any(
+                keys.count(k) > (k in doc) for k in ("$schema", "$defs", "definitions")):
+            for c in copies.values():
+                clean(c, False)
+            clean(doc, True)
+        else:  # (most schemas: these keywords at the root only)
+            for c in copies.values():  # (a copy of the root holds them too)
+                if isinstance(c, dict):
+                    for key in ("$schema", "$defs", "definitions"):
+                        c.pop(key, None)
+            doc.pop("$defs", None)
+            doc.pop("definitions", None)
         if copies:
             doc["$defs"] = copies
     elif copies:
@@ -385,6 +442,34 @@ def _hoist_refs(doc: dict[str, Any]) -> dict[str, Any]:
         if isinstance(doc["$defs"], dict):
             doc["$defs"].update(copies)
     return doc
+
+
+def _absolute(base: str, ref: str) -> str:
+    # (a fragment resolves against the base as it is: the common case, no urljoin)
+    return base + ref if ref.startswith("#") else urllib.parse.urljoin(base, ref)
+
+
+def _preorder(node: Any) -> Iterator[Any]:
+    """:func:`_nodes` in the order of :func:`_walk` (parents first, children in keyword
+    order): where the order names things."""
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, dict) or not node.keys() & _CHILD_KEYS:
+            continue
+        children: list[Any] = []
+        for key in _SUB:
+            sub = node.get(key)
+            if isinstance(sub, (dict, bool)):
+                children.append(sub)
+        for key in _MAPS:
+            if isinstance(node.get(key), dict):
+                children.extend(node[key].values())
+        for key in (*_LISTS, "items"):
+            if isinstance(node.get(key), list):
+                children.extend(node[key])
+        stack.extend(reversed(children))
 
 
 def _static_dynamic_refs(doc: dict[str, Any]) -> bool:
@@ -419,15 +504,17 @@ def _refs(doc: Any) -> Iterator[str]:
 
 # -- the lowering ----------------------------------------------------------------------------
 class _Lowerer:
-    def __init__(self, doc: dict[str, Any], *, approximate: bool = False) -> None:
+    def __init__(self, doc: dict[str, Any], *, approximate: bool = False,
+                 keys: _KeyHint | None = None) -> None:
         self.doc = doc
         self.approximate = approximate
         self.approximated: list[str] = []
         # Definitions are lowered once, whoever refers to them: with unevaluated* anywhere,
-        # no rewrite that changes what a schema evaluates may run on any of them.
-        text = json.dumps(doc)
-        self.annotations_matter = '"unevaluatedProperties"' in text or (
-            '"unevaluatedItems"' in text)
+        # no rewrite that changes what a schema evaluates may run on any of them. (Asked
+        # of the document as hoisted: unreachable definitions are gone.)
+        unevaluated = ("unevaluatedProperties", "unevaluatedItems")
+        self.annotations_matter = (keys is None or keys.may_hold(*unevaluated)) and (
+            _KeyHint.of(doc).may_hold(*unevaluated))
         self.defs: dict[str, Any] = dict(doc.get("$defs") or {}) if isinstance(
             doc.get("$defs"), Mapping) else {}
         self._lowered: dict[str, Any] = {}
@@ -436,6 +523,7 @@ class _Lowerer:
         self._reused_narrowed = 0
         self._busy: set[str] = set()
         self._plain_defs: bool | None = None  # see _defs_resolvable
+        self._steps = self._step_table(self.annotations_matter)
         # keep: the schema being rewritten produces annotations an unevaluated* keyword
         # sees (its own or an enclosing one's); inherited: only an enclosing one's.
         self.keep = False
@@ -479,6 +567,8 @@ class _Lowerer:
         return _map_bottom_up(root, self._finish)
 
     def _finish(self, s: dict[str, Any]) -> Any:
+        if s.get("format") != "date" and ("type" in s or s.keys().isdisjoint(_FAMILY)):
+            return s  # (most schemas: neither step applies)
         out = self._split_types(s)
         if out is not s:  # the per-type branches are new: dates among them too
             out["anyOf"] = [_date_as_pattern(b) for b in out["anyOf"]]
@@ -541,10 +631,11 @@ class _Lowerer:
             return s
         inherited = keep
         keep = keep or "unevaluatedProperties" in s or "unevaluatedItems" in s
-        if s.keys() & _CHILD_KEYS:
+        if not _CHILD_KEYS.isdisjoint(s):
             self._children_lowered(s, depth, keep)
-        if not s.keys() & _STEP_KEYS:
-            return s  # (most schemas in a document: no step acts on any of their keywords)
+        hit = s.keys() & _STEP_KEYS
+        if not hit or hit <= _PLAIN_VACUOUS_KEYS and _plain(s, hit):
+            return s  # (most schemas in a document: no step changes them)
         saved = self.keep, self.inherited
         self.keep, self.inherited = keep, inherited
         try:
@@ -554,11 +645,11 @@ class _Lowerer:
 
     def _children_lowered(self, s: dict[str, Any], depth: int, keep: bool) -> None:
         for key in _SUB:
-            if key in s and isinstance(s[key], (Mapping, bool)):
+            if key in s and isinstance(s[key], dict):  # (true and false lower to themselves)
                 with self._exact() if key in _NEGATED else contextlib.nullcontext():
                     s[key] = self.node(s[key], depth, keep and key in _IN_PLACE)
         for key in _MAPS:
-            if key != "$defs" and isinstance(s.get(key), Mapping):
+            if key != "$defs" and isinstance(s.get(key), dict):
                 s[key] = {k: self.node(v, depth, keep and key in _IN_PLACE)
                           for k, v in s[key].items()}
         for key in (*_LISTS, "items"):
@@ -569,27 +660,17 @@ class _Lowerer:
     def rewrite(self, s: dict[str, Any], depth: int = 0) -> Any:
         """Apply the steps in order; a step that builds a new schema (a merge brings
         keywords together that may need lowering again) restarts from its children."""
-        # What is "evaluated" depends on the applicators beside unevaluated*: only these
-        # rewrites keep it (merging allOf and $ref targets into the schema).
-        keeping: tuple[Callable[[dict[str, Any]], Any], ...] = (
-            self._drop_vacuous, self._enum_filter, self._drop_false_branches,
-            self._merge_all_of, self._merge_ref, self._unevaluated,
-            self._unevaluated_branches)
-        steps = (*keeping, self._not, self._if_then_else, self._dependent, self._distribute,
-                 self._one_of_by_type, self._one_of_exclusive, self._contains,
-                 self._format_subset)
         if "unevaluatedProperties" in s or "unevaluatedItems" in s:
-            steps = keeping
+            steps = self._steps["keeping"]
         elif self.keep:
-            # Subsets would change which properties and items count as evaluated.
-            steps = tuple(st for st in steps if st not in (
-                self._not, self._if_then_else, self._one_of_exclusive, self._contains))
-        if self.annotations_matter:
-            steps = tuple(st for st in steps if st not in (
-                self._one_of_exclusive, self._contains, self._enum_filter))
-        for step in steps:
+            steps = self._steps["kept"]
+        else:
+            steps = self._steps["all"]
+        for step, acts_on in steps:
+            if not acts_on & s.keys():
+                continue  # (each step leaves a schema without its keywords as it is)
             try:
-                out = step(s)
+                out = step(self, s)
             except _NotExact:
                 continue
             if out is not s:
@@ -597,6 +678,43 @@ class _Lowerer:
                 # annotations then matter.
                 return self.node(out, depth + 1, self.inherited) if depth < 8 else out
         return s
+
+    @staticmethod
+    @functools.cache
+    def _step_table(annotations_matter: bool) -> dict[str, tuple[tuple[
+            Callable[[_Lowerer, dict[str, Any]], Any], frozenset[str]], ...]]:
+        """The steps of :meth:`rewrite` in order, each with the keywords it acts on, for
+        each context: ``keeping`` (beside ``unevaluated*``), ``kept`` (under an enclosing
+        ``unevaluated*``) and ``all``."""
+        cls = _Lowerer
+        unevaluated = ("unevaluatedProperties", "unevaluatedItems")
+        branches = ("anyOf", "oneOf")
+        # What is "evaluated" depends on the applicators beside unevaluated*: only these
+        # rewrites keep it (merging allOf and $ref targets into the schema).
+        keeping = ((cls._drop_vacuous, _VACUOUS_KEYS | {"enum"}),
+                   (cls._enum_filter, frozenset(("enum", "const"))),
+                   (cls._drop_false_branches, frozenset(branches)),
+                   (cls._merge_all_of, frozenset(("allOf",))),
+                   (cls._merge_ref, frozenset(("$ref",))),
+                   (cls._unevaluated, frozenset(unevaluated)),
+                   (cls._unevaluated_branches, frozenset(unevaluated)))
+        rest = ((cls._not, frozenset(("not",))),
+                (cls._if_then_else, frozenset(("if", "then", "else"))),
+                (cls._dependent, frozenset(("dependentRequired", "dependentSchemas"))),
+                (cls._distribute, frozenset(branches)),
+                (cls._one_of_by_type, frozenset(("oneOf",))),
+                (cls._one_of_exclusive, frozenset(("oneOf",))),
+                (cls._contains, frozenset(("contains",))),
+                (cls._format_subset, frozenset(("format",))))
+        # Subsets would change which properties and items count as evaluated.
+        subsets = {cls._not, cls._if_then_else, cls._one_of_exclusive, cls._contains}
+        # With unevaluated* anywhere, nothing that changes what a definition evaluates.
+        dropped = {cls._one_of_exclusive, cls._contains, cls._enum_filter} if (
+            annotations_matter) else set()
+        table = {"keeping": keeping, "kept": tuple(st for st in (*keeping, *rest)
+                                                   if st[0] not in subsets),
+                 "all": (*keeping, *rest)}
+        return {k: tuple(st for st in v if st[0] not in dropped) for k, v in table.items()}
 
     # -- steps (each returns the rewritten schema or raises _NotExact) -----------------------
     def _drop_vacuous(self, s: dict[str, Any]) -> Any:
@@ -621,6 +739,17 @@ class _Lowerer:
             from jsonschema import Draft202012Validator as Validator
         except ImportError:
             return s
+        types = s.get("type", [*_TYPES, "integer"])
+        types = [types] if isinstance(types, str) else types
+        if rest.isdisjoint(_KEYWORDS) and not ("enum" in s and "const" in s) and (
+                isinstance(types, list) and types and all(
+                    t in _TYPES or t == "integer" for t in types)):
+            # Only unknown keywords (annotations) beside: the values of the types stay
+            # (as the validator types them; most schemas that get here).
+            kept = [v for v in values if any(
+                Validator.TYPE_CHECKER.is_type(v, t) for t in types)]
+            return {**{k: v for k, v in s.items() if k in _ANNOTATIONS},
+                    "enum": kept} if kept else False
         # The values come from the enum: checking them against it again is quadratic.
         check = {k: v for k, v in s.items() if k not in _ANNOTATIONS and k != "enum"
                  and not (k == "const" and "enum" not in s)}
@@ -995,6 +1124,10 @@ _VACUOUS_WHEN_TRUE = ("additionalProperties", "items", "propertyNames", "unevalu
                       "unevaluatedItems")
 
 
+#: Keywords of :data:`_VACUOUS_KEYS` that :func:`_drop_vacuous` changes only when a
+#: ``required`` property is ``false``, a count is a float or a format is not standard.
+_PLAIN_VACUOUS_KEYS = frozenset(("required", "format", "minLength", "maxLength", "minItems",
+                                 "maxItems", "minProperties", "maxProperties"))
 _VACUOUS_KEYS = frozenset((*_COUNTS, *_VACUOUS_WHEN_TRUE, "uniqueItems", "not", "propertyNames",
                            "dependentSchemas", "dependentRequired", "contains", "format",
                            "dependencies", "required"))
@@ -1019,6 +1152,16 @@ def _changed(out: Any, s: Any) -> Any:
     return out if floats and json.dumps(out) != json.dumps(s) else s
 
 
+def _plain(s: dict[str, Any], hit: set[str]) -> bool:
+    """Whether no step changes ``s``, whose keywords of :data:`_STEP_KEYS` are ``hit``, all
+    in :data:`_PLAIN_VACUOUS_KEYS` (most schemas: ``required`` properties that may be
+    present, a standard format with no ASCII form to take, integer counts)."""
+    fmt = s.get("format")
+    return not any(isinstance(s[k], float) for k in hit) and (
+        fmt is None or isinstance(fmt, str) and fmt in STANDARD_FORMATS
+        and fmt not in _ASCII_FORMAT) and not _requires_false(s)
+
+
 def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
     """Keywords that constrain nothing or have a plainer equal form: counts written as
     floats (``2.0``), ``true`` subschemas, ``uniqueItems: false``, ``propertyNames: false``
@@ -1028,10 +1171,13 @@ def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
     evaluate everything (``items``, ``additionalProperties``, ``unevaluated*``) stay."""
     if s.get("enum") == []:
         return False  # no value is among none
-    if not s.keys() & _VACUOUS_KEYS:
+    hit = s.keys() & _VACUOUS_KEYS
+    if not hit:
         return s
     if _requires_false(s):
         return False
+    if hit <= _PLAIN_VACUOUS_KEYS and _plain(s, hit):
+        return s
     out = dict(s)
     fmt = out.get("format")
     if isinstance(fmt, str) and fmt not in STANDARD_FORMATS:
@@ -1159,19 +1305,26 @@ def _date_as_pattern(s: Any) -> Any:
 
 
 def _map_bottom_up(s: Any, fn: Any) -> Any:
+    """``fn`` applied to every subschema of ``s``, children first (in place)."""
     if not isinstance(s, dict):
         return s
     if not s.keys() & _CHILD_KEYS:
         return fn(s)
     for key in _SUB:
-        if key in s and isinstance(s[key], (Mapping, bool)):
+        if key in s and isinstance(s[key], dict):
             s[key] = _map_bottom_up(s[key], fn)
     for key in _MAPS:
-        if isinstance(s.get(key), Mapping):
-            s[key] = {k: _map_bottom_up(v, fn) for k, v in s[key].items()}
+        sub = s.get(key)
+        if isinstance(sub, dict):
+            for k, v in sub.items():  # (values replaced, no key added: safe while iterating)
+                if isinstance(v, dict):
+                    sub[k] = _map_bottom_up(v, fn)
     for key in (*_LISTS, "items"):
-        if isinstance(s.get(key), list):
-            s[key] = [_map_bottom_up(v, fn) for v in s[key]]
+        sub = s.get(key)
+        if isinstance(sub, list):
+            for i, v in enumerate(sub):
+                if isinstance(v, dict):
+                    sub[i] = _map_bottom_up(v, fn)
     return fn(s)
 
 

@@ -435,6 +435,50 @@ def test_schemas_the_fast_path_skips_lower_to_themselves(schema, target):
     assert json.dumps(_full_lowering(schema)) == json.dumps(_hoisted(schema))
 
 
+def _lowered_with_hint(schema, everything: bool):
+    """The lowering of ``schema`` with the keyword hint read from its text, or with one that
+    says every keyword may be anywhere (every walk taken in full)."""
+    import copy
+
+    from portable_guided.runtime import json_lowering as jl
+
+    class Everything(jl._KeyHint):
+        def count(self, key: str) -> int:
+            return 1 << 20
+
+    hint = Everything("") if everything else jl._KeyHint.of(schema)
+    return json.dumps(jl._lower_owned(copy.deepcopy(schema), approximate=True, keys=hint))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_schemas(), _schemas())
+def test_walks_the_keyword_hint_skips_change_nothing(schema, target):
+    # The hint (what keywords the text holds) skips the pointer walk, the cleanup walk and
+    # the unevaluated* check; with every keyword possibly anywhere, each runs in full.
+    if not isinstance(schema, dict):
+        return
+    schema = _rooted(schema, target) if "$ref" in json.dumps(schema) else schema
+    nested = ({"$schema": "y"}, {"definitions": {"v": {}}}, {"$defs": {"v": {}}},
+              {"$anchor": "p"}, {"$dynamicAnchor": "p"}, {"$id": "p.json"})
+    for extra in ({}, {"$id": "https://x.test/s"}, {"$schema": "y"},
+                  *({"properties": {"p": n}} for n in nested)):
+        doc = {**schema, **extra}
+        assert _lowered_with_hint(doc, everything=False) == _lowered_with_hint(
+            doc, everything=True), doc
+
+
+def test_keywords_spelled_with_escapes_are_keywords():
+    from portable_guided.runtime.json_lowering import engine_schema_text
+
+    plain = ('{"$defs": {"a": {"type": "integer"}}, "type": "object", '
+             '"properties": {"x": {"$ref": "#/$defs/a", "minimum": 1}}}')
+    escaped = plain.replace('"$defs"', '"\\u0024defs"').replace('"$ref"', '"\\u0024ref"')
+    assert escaped != plain and json.loads(escaped) == json.loads(plain)
+    lowered = engine_schema_text.__wrapped__(plain)
+    assert '"minimum":1' in lowered and '"$ref"' not in lowered  # (the target merged in)
+    assert engine_schema_text.__wrapped__(escaped) == lowered
+
+
 @pytest.mark.skipif(not SUITE.is_dir(), reason=f"JSON Schema Test Suite not at {SUITE}")
 def test_suite_and_maskbench_schemas_the_fast_path_skips_lower_to_themselves():
     from pathlib import Path
