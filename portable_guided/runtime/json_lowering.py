@@ -298,24 +298,44 @@ def _children(node: Mapping[str, Any], pointer: str) -> Iterator[tuple[str, Any]
                 yield f"{pointer}/{key}/{i}", sub
 
 
+def _child_keywords(node: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The keywords of ``node`` that hold subschemas, with their values, in the order of
+    :func:`_children` (a subschema, a map, then a list of them; a draft-4 ``items`` list
+    last): only the keys present are looked at."""
+    present = [(k, v) for k, v in node.items() if k in _CHILD_KEYS]
+    if len(present) > 1:
+        present.sort(key=_child_rank)
+    return present
+
+
+def _child_rank(item: tuple[str, Any]) -> int:
+    key, value = item
+    return len(_CHILD_RANK) if key == "items" and isinstance(value, list) else _CHILD_RANK[key]
+
+
+def _subschemas(node: dict[str, Any]) -> list[Any]:
+    """The direct subschemas of ``node`` in the order of :func:`_children`."""
+    out: list[Any] = []
+    for key, value in _child_keywords(node):
+        if key in _MAPS:
+            if isinstance(value, dict):
+                out.extend(value.values())
+        elif isinstance(value, list):
+            if key in _LIST_KEYS:
+                out.extend(value)
+        elif isinstance(value, (dict, bool)) and key in _SUB_KEYS:
+            out.append(value)
+    return out
+
+
 def _nodes(node: Any) -> Iterator[Any]:
     """Every subschema of ``node`` and ``node`` itself (``_walk`` without the pointers)."""
     stack = [node]
     while stack:
         node = stack.pop()
         yield node
-        if not isinstance(node, dict) or not node.keys() & _CHILD_KEYS:
-            continue
-        for key in _SUB:
-            sub = node.get(key)
-            if isinstance(sub, (dict, bool)):
-                stack.append(sub)
-        for key in _MAPS:
-            if isinstance(node.get(key), dict):
-                stack.extend(node[key].values())
-        for key in (*_LISTS, "items"):
-            if isinstance(node.get(key), list):
-                stack.extend(node[key])
+        if isinstance(node, dict) and not _CHILD_KEYS.isdisjoint(node):
+            stack.extend(_subschemas(node))
 
 
 def _walk(node: Any, pointer: str = "") -> Iterator[tuple[str, Any]]:
@@ -456,20 +476,8 @@ def _preorder(node: Any) -> Iterator[Any]:
     while stack:
         node = stack.pop()
         yield node
-        if not isinstance(node, dict) or not node.keys() & _CHILD_KEYS:
-            continue
-        children: list[Any] = []
-        for key in _SUB:
-            sub = node.get(key)
-            if isinstance(sub, (dict, bool)):
-                children.append(sub)
-        for key in _MAPS:
-            if isinstance(node.get(key), dict):
-                children.extend(node[key].values())
-        for key in (*_LISTS, "items"):
-            if isinstance(node.get(key), list):
-                children.extend(node[key])
-        stack.extend(reversed(children))
+        if isinstance(node, dict) and not _CHILD_KEYS.isdisjoint(node):
+            stack.extend(reversed(_subschemas(node)))
 
 
 def _static_dynamic_refs(doc: dict[str, Any]) -> bool:
@@ -644,18 +652,19 @@ class _Lowerer:
             self.keep, self.inherited = saved
 
     def _children_lowered(self, s: dict[str, Any], depth: int, keep: bool) -> None:
-        for key in _SUB:
-            if key in s and isinstance(s[key], dict):  # (true and false lower to themselves)
+        for key, sub in _child_keywords(s):
+            keep_here = keep and key in _IN_PLACE
+            if key in _MAPS:
+                if key != "$defs" and isinstance(sub, dict):
+                    s[key] = {k: self.node(v, depth, keep_here) for k, v in sub.items()}
+            elif isinstance(sub, list):
+                if key in _LIST_KEYS:
+                    with self._exact() if key in _NEGATED else contextlib.nullcontext():
+                        s[key] = [self.node(v, depth, keep_here) for v in sub]
+            # (true and false lower to themselves)
+            elif isinstance(sub, dict) and key in _SUB_KEYS:
                 with self._exact() if key in _NEGATED else contextlib.nullcontext():
-                    s[key] = self.node(s[key], depth, keep and key in _IN_PLACE)
-        for key in _MAPS:
-            if key != "$defs" and isinstance(s.get(key), dict):
-                s[key] = {k: self.node(v, depth, keep and key in _IN_PLACE)
-                          for k, v in s[key].items()}
-        for key in (*_LISTS, "items"):
-            if isinstance(s.get(key), list):
-                with self._exact() if key in _NEGATED else contextlib.nullcontext():
-                    s[key] = [self.node(v, depth, keep and key in _IN_PLACE) for v in s[key]]
+                    s[key] = self.node(sub, depth, keep_here)
 
     def rewrite(self, s: dict[str, Any], depth: int = 0) -> Any:
         """Apply the steps in order; a step that builds a new schema (a merge brings
@@ -1245,6 +1254,11 @@ def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
     return _changed(out, s)
 
 
+#: Keywords holding one subschema, a list of them (with a draft-4 ``items`` list), and the
+#: order :func:`_children` visits keywords in.
+_SUB_KEYS = frozenset(_SUB)
+_LIST_KEYS = frozenset((*_LISTS, "items"))
+_CHILD_RANK = {k: i for i, k in enumerate((*_SUB, *_MAPS, *_LISTS))}
 #: Keywords whose subschemas are negated by some rewrite (lowered exactly).
 _NEGATED = frozenset(("not", "if", "oneOf", "contains"))
 #: Keywords holding subschemas (what ``_Lowerer.node`` descends into).
@@ -1308,23 +1322,19 @@ def _map_bottom_up(s: Any, fn: Any) -> Any:
     """``fn`` applied to every subschema of ``s``, children first (in place)."""
     if not isinstance(s, dict):
         return s
-    if not s.keys() & _CHILD_KEYS:
-        return fn(s)
-    for key in _SUB:
-        if key in s and isinstance(s[key], dict):
-            s[key] = _map_bottom_up(s[key], fn)
-    for key in _MAPS:
-        sub = s.get(key)
-        if isinstance(sub, dict):
-            for k, v in sub.items():  # (values replaced, no key added: safe while iterating)
-                if isinstance(v, dict):
-                    sub[k] = _map_bottom_up(v, fn)
-    for key in (*_LISTS, "items"):
-        sub = s.get(key)
-        if isinstance(sub, list):
-            for i, v in enumerate(sub):
-                if isinstance(v, dict):
-                    sub[i] = _map_bottom_up(v, fn)
+    for key, sub in _child_keywords(s):
+        if key in _MAPS:
+            if isinstance(sub, dict):
+                for k, v in sub.items():  # (values replaced, no key added: safe)
+                    if isinstance(v, dict):
+                        sub[k] = _map_bottom_up(v, fn)
+        elif isinstance(sub, list):
+            if key in _LIST_KEYS:
+                for i, v in enumerate(sub):
+                    if isinstance(v, dict):
+                        sub[i] = _map_bottom_up(v, fn)
+        elif isinstance(sub, dict) and key in _SUB_KEYS:
+            s[key] = _map_bottom_up(sub, fn)
     return fn(s)
 
 
