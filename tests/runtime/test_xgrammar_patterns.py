@@ -146,3 +146,20 @@ def test_xgrammar_writes_no_string_that_needs_an_escape():
         grammar)
     matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
     assert not (matcher.accept_string(json.dumps("\\dd")) and matcher.is_terminated())
+
+
+def test_the_upstream_reproducers_still_reproduce():
+    # scripts/xgrammar_upstream_repro.py (docs/upstream.md): each case is a difference from
+    # JSON Schema on xgrammar 0.2.8 itself. When an upgrade fixes one, this fails: drop the
+    # workaround (and the case) then.
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "xgrammar_upstream_repro.py"
+    spec = importlib.util.spec_from_file_location("xgrammar_upstream_repro", path)
+    repro = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(repro)
+    compiler = xgr.GrammarCompiler(repro.byte_tokenizer(), max_threads=1, cache_enabled=False)
+    fixed = [title for title, schema, text, expected in repro.CASES
+             if repro.accepts(compiler, schema, text) == expected]
+    assert fixed == []
