@@ -147,6 +147,34 @@ def test_no_engine_lets_a_raw_control_character_into_a_string(case, runtimes):
                 engine, case, text, decided, expected)
 
 
+# Text that strict JSON parsing rejects: numbers, escapes, punctuation, whitespace JSON does
+# not allow (vertical tab, form feed, no-break space, line separator), trailing data.
+NOT_JSON = ["01", "-", "1.", "+1", ".5", "1e", "1e+", "--1", "1.e5", "0x1", "NaN", "Infinity",
+            "00", "-01", '"\\x41"', '"\\u12"', '"\\u12G4"', '"\\a"', "'a'", '"a', "True",
+            "None", '{"a":1,}', "[1,]", "[,1]", '{"a" 1}', "{a:1}", "[1 2]", '{"a":1 "b":2}',
+            "\x0b1", "1\x0c", "\u00a01", "1\u2028", '{\u00a0"a":1}', "[1,\x0b2]", "1 1", "[1]]",
+            '{"a":1}}', '{"a":01}', "[01]", "[-]", "[1.]", '{"a":.5}']
+ANY_SHAPE = [{"type": "number"}, {"type": "integer", "minimum": -5, "maximum": 500},
+             {"type": "number", "minimum": -5, "maximum": 5}, {"type": "string"},
+             {"type": "string", "pattern": "^a.*$"}, {"type": "string", "maxLength": 5},
+             {"type": "object", "properties": {"a": {"type": "integer"}}},
+             {"type": "array", "items": {"type": "integer"}}, {}, {"enum": ["x", 1]}]
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")  # (Python's parser takes NaN and Infinity)
+
+
+@pytest.mark.parametrize("schema", ANY_SHAPE, ids=lambda s: json.dumps(s))
+def test_no_engine_accepts_text_that_is_not_json(schema, runtimes):
+    spec = GrammarSpec.json_schema(schema)
+    for text in NOT_JSON:
+        with pytest.raises(ValueError):
+            json.loads(text, parse_constant=_no_constant)  # the reference: not JSON
+        for engine in ("xgrammar", "llguidance"):
+            assert _decide_text(runtimes[engine], spec, text) in (None, False), (engine, text)
+
+
 def test_strict_variant_is_the_same_on_both_engines(runtimes):
     schema = {"type": "object", "properties": {"a": {"type": "integer"},
               "b": {"type": "object", "properties": {"c": {"type": "string"}}}}}
