@@ -11,8 +11,8 @@ logits' own device (:mod:`.apply`):
   for rows without a grammar (upstream: ``Unsupported device: cpu`` on the CPU);
 - ``GuidanceGrammar.apply_vocab_mask`` (llguidance's Torch kernel upstream).
 
-Reasoner wrappers hand out one of these, so they are covered too. Outlines is left alone
-(a bool mask, applied by one ``masked_fill_`` upstream). Each hook is registered only when
+Reasoner wrappers hand out one of these, so they are covered too. Outlines is not hooked
+yet (a bool mask, applied by one ``masked_fill_`` upstream; see :mod:`.apply`). Each hook is registered only when
 the source of every SGLang function it relies on matches a verified SGLang build, and its
 first calls of each kind are compared with SGLang's own function (:mod:`.guard`).
 
