@@ -1,12 +1,13 @@
 """Does an engine accept text that is not JSON? Each valid MaskBench instance is written with
-a raw control character (a tab) inside one of its strings, which JSON forbids; an engine that
-accepts the text would let a model produce output no JSON parser reads.
+something JSON forbids inside one of its strings (a raw tab, a raw quote, a backslash before
+a letter that is no escape); an engine that accepts the text would let a model produce output
+no JSON parser reads.
 
     PYTHONPATH=. python bench/json_control_probe.py --step 8 \
         --json bench/results/json_control_probe_s11.json
 
 Per schema the engine compiles (our prepared form, as the runtime compiles it), the first
-valid instance is tried with the tab put into each of its first ``--strings`` strings.
+valid instance is tried with each break put into each of its first ``--strings`` strings.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from portable_guided.harness.maskbench import load_records, machine_note
 from portable_guided.runtime import GrammarSpec, load_tokenizer_info
 
 FILES = "../shared/data/maskbench/*.jsonl"
-_MARK = "\u2063"  # stands for the tab until the text is written
+_MARK = "\u2063"  # stands for the break until the text is written
+#: What is put into a string: a raw tab, a raw quote, a backslash before "q" (no escape).
+BREAKS = {"tab": "\t", "quote": '"', "bad_escape": "\\q"}
 
 
 def _string_paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
@@ -38,8 +41,8 @@ def _string_paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any,
             yield from _string_paths(v, (*path, i))
 
 
-def _with_tab(value: Any, path: tuple[Any, ...]) -> str:
-    """``value`` as JSON text with a raw tab inside the string at ``path``."""
+def _broken(value: Any, path: tuple[Any, ...], brk: str) -> str:
+    """``value`` as JSON text with ``brk`` written raw inside the string at ``path``."""
     if not path:
         marked = value + _MARK + "x"
     else:
@@ -48,7 +51,7 @@ def _with_tab(value: Any, path: tuple[Any, ...]) -> str:
         for part in path[:-1]:
             node = node[part]
         node[path[-1]] = node[path[-1]] + _MARK + "x"
-    return json.dumps(marked, ensure_ascii=False).replace(_MARK, "\t")
+    return json.dumps(marked, ensure_ascii=False).replace(_MARK, brk)
 
 
 def _engines(info: Any, names: list[str]) -> dict[str, Any]:
@@ -114,10 +117,15 @@ def main() -> int:
             except Exception:  # noqa: BLE001, S112 - refused: nothing to probe
                 continue
             compiled += 1
+            found = None
             for path in list(_string_paths(valid[0]))[: args.strings]:
-                tried += 1
-                if accepts(_with_tab(valid[0], path)):
-                    accepted.append({"id": rec["id"], "path": list(path)})
+                for kind, brk in BREAKS.items():
+                    tried += 1
+                    if accepts(_broken(valid[0], path, brk)):
+                        found = {"id": rec["id"], "path": list(path), "break": kind}
+                        break
+                if found:
+                    accepted.append(found)
                     break
         result[name] = {"schemas_compiled": compiled, "texts_tried": tried,
                         "schemas_accepting_non_json": len(accepted), "accepted": accepted,

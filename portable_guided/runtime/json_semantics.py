@@ -19,13 +19,19 @@ compiles it:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .xgrammar_patterns import exact_pattern, needs_escaped_character
+from .xgrammar_patterns import (
+    LARGEST_JSON_REPEAT,
+    exact_pattern,
+    largest_repeat,
+    needs_escaped_character,
+)
 
-__all__ = ["XGRAMMAR_FORMATS", "length_pattern", "strict_schema", "xgrammar_exact_strings",
-           "xgrammar_strict_schema", "xgrammar_unsupported"]
+__all__ = ["XGRAMMAR_FORMATS", "is_length_pattern", "length_pattern", "strict_schema",
+           "xgrammar_exact_strings", "xgrammar_strict_schema", "xgrammar_unsupported"]
 
 # Keywords whose values are subschemas, maps of subschemas, or lists of subschemas.
 _SCHEMA_KEYS = ("additionalProperties", "additionalItems", "items", "contains", "not", "if",
@@ -126,6 +132,10 @@ def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterat
     if isinstance(node.get("patternProperties"), Mapping):
         patterns += list(node["patternProperties"])
     for p in patterns:
+        if largest_repeat(p) > LARGEST_JSON_REPEAT and not is_length_pattern(p):
+            yield (f"pattern {p[:40]!r} repeats more than {LARGEST_JSON_REPEAT} times: "
+                   "xgrammar builds that without JSON's string rules (a raw quote, "
+                   "backslash or control character inside the string)")
         if needs_escaped_character(p):
             yield (f"pattern {p[:40]!r} needs a backslash or quote, which xgrammar never "
                    "generates inside a string")
@@ -220,15 +230,26 @@ def xgrammar_strict_schema(schema: Any) -> Any:
     return out
 
 
+#: A character of a JSON string written as it is (no escape): what a length bound repeats.
+_RAW_CHAR = '[^\\x00-\\x1f"\\\\]'
+_LENGTH_PATTERN = re.compile(
+    rf"\^{re.escape(_RAW_CHAR)}\{{\d+(,\d+)?\}}({re.escape(_RAW_CHAR)}\*)?\$")
+
+
 def length_pattern(min_length: int, max_length: int | None) -> str | None:
     """The anchored regex of the strings ``min_length`` to ``max_length`` characters long
-    (``None``: unbounded) with no control character, or ``None`` when every string
-    qualifies. The explicit class matters: xgrammar 0.2.8 builds ``[\\s\\S]{0,n}`` with
-    its control characters from n = 150 on, as it builds ``maxLength`` itself."""
-    char = "[^\\x00-\\x1f]"
+    (``None``: unbounded) written without escapes, or ``None`` when every string qualifies.
+    The class is explicit on purpose: xgrammar 0.2.8 builds ``[\\s\\S]{0,n}`` with raw
+    control characters from n = 150 on, and ``[^\\x00-\\x1f]{0,n}`` with a raw ``"`` or
+    ``\\`` for large n (:data:`.xgrammar_patterns.LARGEST_JSON_REPEAT`)."""
     if max_length is None:
-        return None if min_length == 0 else f"^{char}{{{min_length}}}{char}*$"
-    return f"^{char}{{{min_length},{max_length}}}$"
+        return None if min_length == 0 else f"^{_RAW_CHAR}{{{min_length}}}{_RAW_CHAR}*$"
+    return f"^{_RAW_CHAR}{{{min_length},{max_length}}}$"
+
+
+def is_length_pattern(pattern: str) -> bool:
+    """Whether ``pattern`` is one :func:`length_pattern` writes."""
+    return _LENGTH_PATTERN.fullmatch(pattern) is not None
 
 
 def _length_bounds(node: Mapping[str, Any]) -> tuple[int, int | None] | None:
@@ -256,7 +277,7 @@ def xgrammar_exact_strings(schema: Any) -> tuple[Any, list[str]]:
     - ``minLength``/``maxLength`` as the ``pattern`` of :func:`length_pattern`: xgrammar's
       own length-bounded string lets raw control characters (tab, U+0000-U+001F but newline
       and carriage return) into the string, which is then not JSON. (xgrammar generates no
-      escape in either form, so excluding control characters loses nothing it had.)"""
+      escape in either form, so the explicit class loses nothing it had.)"""
     patterns = []
     lengths = False
     for _, node in iter_schemas(schema):

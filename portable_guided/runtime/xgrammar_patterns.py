@@ -22,9 +22,22 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["exact_pattern", "needs_escaped_character"]
+__all__ = ["LARGEST_JSON_REPEAT", "exact_pattern", "largest_repeat", "needs_escaped_character"]
+
+#: The largest repeat count (``{n}``, ``{n,m}``) xgrammar 0.2.8 builds with JSON's string
+#: rules. Above it, it builds the repeat another way, where ``.`` and negated classes also
+#: match a raw ``"``, ``\`` or control character (``^.{0,10000}$`` accepted ``"a"b"``, text
+#: that is not JSON); with its compiler cache on, counts up to 4096 fail to compile instead.
 
 _OPEN_COUNT = re.compile(r"\{(\d+),\}")
+_COUNT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
+LARGEST_JSON_REPEAT = 128
+
+
+def largest_repeat(pattern: str) -> int:
+    """The largest number in the repeat counts of ``pattern`` (0 without any; a brace that
+    is a literal may count too: the answer only errs upwards)."""
+    return max((int(n) for m in _COUNT.finditer(pattern) for n in m.groups() if n), default=0)
 
 
 def exact_pattern(pattern: str) -> str | None:

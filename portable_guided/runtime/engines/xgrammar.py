@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..json_lowering import (
@@ -15,8 +15,14 @@ from ..json_lowering import (
     unsound,
     xgrammar_escapes,
 )
-from ..json_semantics import xgrammar_exact_strings, xgrammar_unsupported
+from ..json_semantics import (
+    is_length_pattern,
+    iter_schemas,
+    xgrammar_exact_strings,
+    xgrammar_unsupported,
+)
 from ..specs import GrammarSpec
+from ..xgrammar_patterns import LARGEST_JSON_REPEAT, largest_repeat
 from .base import Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
 
 if TYPE_CHECKING:
@@ -141,6 +147,7 @@ class XGrammarEngine(Engine):
         # caches above hold the compiled grammars.
         self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=1, cache_enabled=True,
                                              cache_limit_bytes=COMPILER_CACHE_BYTES)
+        self._uncached: Any = None  # see compile_prepared
         self._batch = xgr.BatchGrammarMatcher(max_threads=max(1, int(fill_threads)))
         # One batch fill at a time per engine: the batch matcher owns one thread pool.
         self._batch_lock = threading.Lock()
@@ -211,7 +218,20 @@ class XGrammarEngine(Engine):
     def compile_prepared(self, prepared: tuple[str, bool]) -> Any:
         """Compile what :meth:`prepare` returned (no check again)."""
         text, any_whitespace = prepared
-        return self._compiler.compile_json_schema(text, any_whitespace=any_whitespace,
+        try:
+            return self._compiler.compile_json_schema(text, any_whitespace=any_whitespace,
+                                                      strict_mode=False)
+        except RuntimeError as exc:
+            # xgrammar 0.2.8's compiler cache fails an internal check ("per_rule_fsm_hashes")
+            # on a pattern with a repeat count from 129 to 4096; the same grammar compiles
+            # without the cache. Only our length bounds repeat that often (prepare refuses
+            # other such patterns: built without JSON's string rules, they are unsound).
+            if "per_rule_fsm_hashes" not in str(exc) or not _large_repeats_are_lengths(text):
+                raise
+        if self._uncached is None:
+            self._uncached = self._xgr.GrammarCompiler(self.tokenizer_info, max_threads=1,
+                                                       cache_enabled=False)
+        return self._uncached.compile_json_schema(text, any_whitespace=any_whitespace,
                                                   strict_mode=False)
 
     def compile_raw(self, spec: GrammarSpec) -> Any:
@@ -253,6 +273,19 @@ class XGrammarEngine(Engine):
                for m in matchers]
         with lock:
             batch.batch_fill_next_token_bitmask(raw, bitmask, list(rows))
+
+
+def _large_repeats_are_lengths(text: str) -> bool:
+    """Whether every pattern of the schema ``text`` that repeats more than
+    ``LARGEST_JSON_REPEAT`` times is a length bound (``json_semantics.length_pattern``)."""
+    patterns: list[str] = []
+    for _, node in iter_schemas(json.loads(text)):
+        if isinstance(node.get("pattern"), str):
+            patterns.append(node["pattern"])
+        if isinstance(node.get("patternProperties"), Mapping):
+            patterns += list(node["patternProperties"])
+    return all(is_length_pattern(p) for p in patterns
+               if largest_repeat(p) > LARGEST_JSON_REPEAT)
 
 
 def xgrammar_structural_tag(data: dict[str, Any]) -> dict[str, Any]:
