@@ -329,13 +329,15 @@ def _subschemas(node: dict[str, Any]) -> list[Any]:
 
 
 def _nodes(node: Any) -> Iterator[Any]:
-    """Every subschema of ``node`` and ``node`` itself (``_walk`` without the pointers)."""
+    """Every subschema of ``node`` and ``node`` itself, in the order of :func:`_walk` (parents
+    first, children in keyword order; a node's children are read when the walk resumes after
+    it, so a caller may change the node first)."""
     stack = [node]
     while stack:
         node = stack.pop()
         yield node
         if isinstance(node, dict) and not _CHILD_KEYS.isdisjoint(node):
-            stack.extend(_subschemas(node))
+            stack.extend(reversed(_subschemas(node)))
 
 
 def _walk(node: Any, pointer: str = "") -> Iterator[tuple[str, Any]]:
@@ -398,7 +400,7 @@ def _hoist_refs(doc: dict[str, Any], keys: _KeyHint | None = None) -> dict[str, 
         visit(doc, "", root_base)
     elif keys.may_hold("$ref", "$dynamicRef"):  # (a $dynamicRef may have become a $ref)
         # (most schemas: one base URI and no anchors, so no pointers to keep)
-        refs = [(n, _absolute(root_base, n["$ref"])) for n in _preorder(doc)
+        refs = [(n, _absolute(root_base, n["$ref"])) for n in _nodes(doc)
                 if isinstance(n, dict) and isinstance(n.get("$ref"), str)]
     if dynamic:
         return doc
@@ -467,17 +469,6 @@ def _hoist_refs(doc: dict[str, Any], keys: _KeyHint | None = None) -> dict[str, 
 def _absolute(base: str, ref: str) -> str:
     # (a fragment resolves against the base as it is: the common case, no urljoin)
     return base + ref if ref.startswith("#") else urllib.parse.urljoin(base, ref)
-
-
-def _preorder(node: Any) -> Iterator[Any]:
-    """:func:`_nodes` in the order of :func:`_walk` (parents first, children in keyword
-    order): where the order names things."""
-    stack = [node]
-    while stack:
-        node = stack.pop()
-        yield node
-        if isinstance(node, dict) and not _CHILD_KEYS.isdisjoint(node):
-            stack.extend(reversed(_subschemas(node)))
 
 
 def _static_dynamic_refs(doc: dict[str, Any]) -> bool:

@@ -30,8 +30,9 @@ from .xgrammar_patterns import (
     needs_escaped_character,
 )
 
-__all__ = ["XGRAMMAR_FORMATS", "is_length_pattern", "length_pattern", "strict_schema",
-           "xgrammar_exact_strings", "xgrammar_strict_schema", "xgrammar_unsupported"]
+__all__ = ["XGRAMMAR_FORMATS", "is_length_pattern", "length_pattern", "node_patterns",
+           "strict_schema", "xgrammar_exact_strings", "xgrammar_strict_schema",
+           "xgrammar_unsupported"]
 
 # Keywords whose values are subschemas, maps of subschemas, or lists of subschemas.
 _SCHEMA_KEYS = ("additionalProperties", "additionalItems", "items", "contains", "not", "if",
@@ -88,6 +89,14 @@ def iter_schemas(node: Any, pointer: str = "") -> Iterator[tuple[str, Mapping[st
                 yield from iter_schemas(sub, f"{pointer}/{key}/{i}")
 
 
+def node_patterns(node: Mapping[str, Any]) -> list[str]:
+    """The regexes of one schema object: its ``pattern`` and its ``patternProperties`` names."""
+    patterns = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+    if isinstance(node.get("patternProperties"), Mapping):
+        patterns += list(node["patternProperties"])
+    return patterns
+
+
 def xgrammar_unsupported(schema: Any) -> list[str]:
     """Why xgrammar would not enforce ``schema`` exactly: ``"<pointer>: <reason>"`` lines
     (empty when it can)."""
@@ -128,10 +137,7 @@ def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterat
     if "patternProperties" in node and node.get("additionalProperties") is not False:
         yield ("patternProperties with additional properties allowed: xgrammar rejects "
                "names that match no pattern")
-    patterns = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
-    if isinstance(node.get("patternProperties"), Mapping):
-        patterns += list(node["patternProperties"])
-    for p in patterns:
+    for p in node_patterns(node):
         if largest_repeat(p) > LARGEST_JSON_REPEAT and not is_length_pattern(p):
             yield (f"pattern {p[:40]!r} repeats more than {LARGEST_JSON_REPEAT} times: "
                    "xgrammar builds that without JSON's string rules (a raw quote, "
@@ -281,10 +287,7 @@ def xgrammar_exact_strings(schema: Any) -> tuple[Any, list[str]]:
     patterns = []
     lengths = False
     for _, node in iter_schemas(schema):
-        if isinstance(node.get("pattern"), str):
-            patterns.append(node["pattern"])
-        if isinstance(node.get("patternProperties"), Mapping):
-            patterns += list(node["patternProperties"])
+        patterns += node_patterns(node)
         lengths = lengths or _length_bounds(node) is not None
     if not lengths and all(exact_pattern(p) == p for p in patterns):
         return schema, []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..json_lowering import (
@@ -18,6 +18,7 @@ from ..json_lowering import (
 from ..json_semantics import (
     is_length_pattern,
     iter_schemas,
+    node_patterns,
     xgrammar_exact_strings,
     xgrammar_unsupported,
 )
@@ -278,12 +279,7 @@ class XGrammarEngine(Engine):
 def _large_repeats_are_lengths(text: str) -> bool:
     """Whether every pattern of the schema ``text`` that repeats more than
     ``LARGEST_JSON_REPEAT`` times is a length bound (``json_semantics.length_pattern``)."""
-    patterns: list[str] = []
-    for _, node in iter_schemas(json.loads(text)):
-        if isinstance(node.get("pattern"), str):
-            patterns.append(node["pattern"])
-        if isinstance(node.get("patternProperties"), Mapping):
-            patterns += list(node["patternProperties"])
+    patterns = [p for _, node in iter_schemas(json.loads(text)) for p in node_patterns(node)]
     return all(is_length_pattern(p) for p in patterns
                if largest_repeat(p) > LARGEST_JSON_REPEAT)
 
