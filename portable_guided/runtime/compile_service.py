@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 #: may compile to another grammar than before); 5: unevaluated* split by branches, object and
 #: array values as schemas on xgrammar; 6: xgrammar patterns rewritten (xgrammar_patterns) and
 #: multipleOf beside a range refused.
-RUNTIME_CACHE_VERSION = "8"
+RUNTIME_CACHE_VERSION = "9"
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
 #: receiving the worker's serialized grammar. Kept at 0.1 s by measurement (xgrammar 0.2.8,

@@ -19,7 +19,6 @@ compiles it:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -30,7 +29,7 @@ from .xgrammar_patterns import (
     needs_escaped_character,
 )
 
-__all__ = ["XGRAMMAR_FORMATS", "is_length_pattern", "length_pattern", "node_patterns",
+__all__ = ["XGRAMMAR_FORMATS", "length_pattern", "node_patterns",
            "strict_schema", "xgrammar_exact_strings", "xgrammar_strict_schema",
            "xgrammar_unsupported"]
 
@@ -138,7 +137,7 @@ def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterat
         yield ("patternProperties with additional properties allowed: xgrammar rejects "
                "names that match no pattern")
     for p in node_patterns(node):
-        if largest_repeat(p) > LARGEST_JSON_REPEAT and not is_length_pattern(p):
+        if largest_repeat(p) > LARGEST_JSON_REPEAT:
             yield (f"pattern {p[:40]!r} repeats more than {LARGEST_JSON_REPEAT} times: "
                    "xgrammar builds that without JSON's string rules (a raw quote, "
                    "backslash or control character inside the string)")
@@ -238,24 +237,24 @@ def xgrammar_strict_schema(schema: Any) -> Any:
 
 #: A character of a JSON string written as it is (no escape): what a length bound repeats.
 _RAW_CHAR = '[^\\x00-\\x1f"\\\\]'
-_LENGTH_PATTERN = re.compile(
-    rf"\^{re.escape(_RAW_CHAR)}\{{\d+(,\d+)?\}}({re.escape(_RAW_CHAR)}\*)?\$")
 
 
 def length_pattern(min_length: int, max_length: int | None) -> str | None:
     """The anchored regex of the strings ``min_length`` to ``max_length`` characters long
-    (``None``: unbounded) written without escapes, or ``None`` when every string qualifies.
-    The class is explicit on purpose: xgrammar 0.2.8 builds ``[\\s\\S]{0,n}`` with raw
-    control characters from n = 150 on, and ``[^\\x00-\\x1f]{0,n}`` with a raw ``"`` or
-    ``\\`` for large n (:data:`.xgrammar_patterns.LARGEST_JSON_REPEAT`)."""
+    (``None``: unbounded) written without escapes, or ``None`` when the bounds are not
+    written as a pattern: every string qualifies, or a count is above
+    :data:`.xgrammar_patterns.LARGEST_JSON_REPEAT`. The class is explicit on purpose:
+    xgrammar 0.2.8's own length-bounded string lets raw control characters in.
+
+    Larger bounds stay ``minLength``/``maxLength`` (the xgrammar engine corrects the class of
+    the rule they build: ``engines.xgrammar.json_char_rule_fixed``): as a pattern, xgrammar
+    builds a repeat above 128 as an automaton edge that it walks on every mask, 34 ms per
+    token at ``{0,1000}`` against 0.24 ms (``bench/bench_xgrammar_lengths.py``)."""
+    if max(min_length, max_length or 0) > LARGEST_JSON_REPEAT:
+        return None
     if max_length is None:
         return None if min_length == 0 else f"^{_RAW_CHAR}{{{min_length}}}{_RAW_CHAR}*$"
     return f"^{_RAW_CHAR}{{{min_length},{max_length}}}$"
-
-
-def is_length_pattern(pattern: str) -> bool:
-    """Whether ``pattern`` is one :func:`length_pattern` writes."""
-    return _LENGTH_PATTERN.fullmatch(pattern) is not None
 
 
 def _length_bounds(node: Mapping[str, Any]) -> tuple[int, int | None] | None:
@@ -280,10 +279,11 @@ def xgrammar_exact_strings(schema: Any) -> tuple[Any, list[str]]:
 
     - every ``pattern`` and ``patternProperties`` name passed through
       ``xgrammar_patterns.exact_pattern``;
-    - ``minLength``/``maxLength`` as the ``pattern`` of :func:`length_pattern`: xgrammar's
-      own length-bounded string lets raw control characters (tab, U+0000-U+001F but newline
-      and carriage return) into the string, which is then not JSON. (xgrammar generates no
-      escape in either form, so the explicit class loses nothing it had.)"""
+    - ``minLength``/``maxLength`` up to 128 as the ``pattern`` of :func:`length_pattern`:
+      xgrammar's own length-bounded string lets raw control characters (tab, U+0000-U+001F
+      but newline and carriage return) into the string, which is then not JSON. (xgrammar
+      generates no escape in either form, so the explicit class loses nothing it had.)
+      Larger bounds stay as they are, for the engine to correct (see there)."""
     patterns = []
     lengths = False
     for _, node in iter_schemas(schema):
@@ -307,9 +307,10 @@ def xgrammar_exact_strings(schema: Any) -> tuple[Any, list[str]]:
         out = _children_mapped(node, walk)
         bounds = _length_bounds(out)
         if bounds is not None:
-            out.pop("minLength", None)
-            out.pop("maxLength", None)
             pattern = length_pattern(*bounds)
+            if pattern is not None or bounds == (0, None):
+                out.pop("minLength", None)
+                out.pop("maxLength", None)
             if pattern is not None:
                 out["pattern"] = pattern
         if isinstance(out.get("pattern"), str):

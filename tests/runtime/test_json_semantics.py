@@ -158,6 +158,41 @@ def test_no_engine_lets_a_raw_control_character_into_a_string(case, runtimes):
                 engine, case, text, decided, expected)
 
 
+def test_long_length_bounds_reach_xgrammar_as_its_own_rule_corrected():
+    # Above 128 a length pattern is an automaton edge xgrammar walks on every mask (34 ms
+    # per token, bench/bench_xgrammar_lengths.py): such bounds stay minLength/maxLength and
+    # the grammar is compiled with its character rule corrected instead.
+    xgr = pytest.importorskip("xgrammar")
+    from portable_guided.runtime.engines.xgrammar import json_char_rule_fixed
+    from portable_guided.runtime.json_semantics import xgrammar_exact_strings
+
+    for bounds, kept in (({"maxLength": 128}, False), ({"minLength": 128}, False),
+                         ({"maxLength": 129}, True), ({"minLength": 129}, True),
+                         ({"minLength": 2, "maxLength": 1000}, True)):
+        schema = {"type": "string", **bounds}
+        exact, _ = xgrammar_exact_strings(schema)
+        assert ("pattern" not in exact) == kept, (bounds, exact)
+        assert (exact == schema) == kept, (bounds, exact)
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 300},
+                                               "b": {"type": "string", "pattern": "^[^a]+$"}}}
+    ebnf = str(xgr.Grammar.from_json_schema(json.dumps(schema), strict_mode=False))
+    fixed = json_char_rule_fixed(ebnf)
+    changed = [(a, b) for a, b in zip(ebnf.splitlines(), fixed.splitlines()) if a != b]
+    assert len(changed) == 1 and changed[0][1].endswith(r' ::= (([^\0-\x1f\"\\]))'), changed
+    assert 'Regex("^[^a]+$"' in fixed  # (patterns are built with JSON's string rules)
+
+
+def test_an_unforeseen_string_rule_refuses_the_schema():
+    from portable_guided.runtime.engines import UnsupportedSpec
+    from portable_guided.runtime.engines.xgrammar import json_char_rule_fixed
+
+    ok = 'root ::= (("\\"" root_characters{0, 300} "\\""))\nroot_characters ::= (([^\\"\\\\\\r\\n]))'
+    assert "\\0-\\x1f" in json_char_rule_fixed(ok)
+    for rule in ('[^\\"\\\\]', '[^\\"\\\\\\r\\n\\t]', '[^a]'):
+        with pytest.raises(UnsupportedSpec, match="not recognized"):
+            json_char_rule_fixed(f"root ::= (({rule}))")
+
+
 # Text that strict JSON parsing rejects: numbers, escapes, punctuation, whitespace JSON does
 # not allow (vertical tab, form feed, no-break space, line separator), trailing data.
 NOT_JSON = ['"a"b"', '"a\\"', '"a\\qb"', "01", "-", "1.", "+1", ".5", "1e", "1e+", "--1", "1.e5", "0x1", "NaN", "Infinity",

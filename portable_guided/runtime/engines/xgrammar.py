@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -15,15 +16,8 @@ from ..json_lowering import (
     unsound,
     xgrammar_escapes,
 )
-from ..json_semantics import (
-    is_length_pattern,
-    iter_schemas,
-    node_patterns,
-    xgrammar_exact_strings,
-    xgrammar_unsupported,
-)
+from ..json_semantics import xgrammar_exact_strings, xgrammar_unsupported
 from ..specs import GrammarSpec
-from ..xgrammar_patterns import LARGEST_JSON_REPEAT, largest_repeat
 from .base import Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
 
 if TYPE_CHECKING:
@@ -35,6 +29,7 @@ __all__ = [
     "COMPILER_CACHE_BYTES",
     "XGrammarEngine",
     "XGrammarMatcher",
+    "json_char_rule_fixed",
     "tokenizer",
     "tokenizer_from_payload",
     "tokenizer_payload",
@@ -148,7 +143,6 @@ class XGrammarEngine(Engine):
         # caches above hold the compiled grammars.
         self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=1, cache_enabled=True,
                                              cache_limit_bytes=COMPILER_CACHE_BYTES)
-        self._uncached: Any = None  # see compile_prepared
         self._batch = xgr.BatchGrammarMatcher(max_threads=max(1, int(fill_threads)))
         # One batch fill at a time per engine: the batch matcher owns one thread pool.
         self._batch_lock = threading.Lock()
@@ -219,21 +213,16 @@ class XGrammarEngine(Engine):
     def compile_prepared(self, prepared: tuple[str, bool]) -> Any:
         """Compile what :meth:`prepare` returned (no check again)."""
         text, any_whitespace = prepared
-        try:
+        if '"minLength"' not in text and '"maxLength"' not in text:
             return self._compiler.compile_json_schema(text, any_whitespace=any_whitespace,
                                                       strict_mode=False)
-        except RuntimeError as exc:
-            # xgrammar 0.2.8's compiler cache fails an internal check ("per_rule_fsm_hashes")
-            # on a pattern with a repeat count from 129 to 4096; the same grammar compiles
-            # without the cache. Only our length bounds repeat that often (prepare refuses
-            # other such patterns: built without JSON's string rules, they are unsound).
-            if "per_rule_fsm_hashes" not in str(exc) or not _large_repeats_are_lengths(text):
-                raise
-        if self._uncached is None:
-            self._uncached = self._xgr.GrammarCompiler(self.tokenizer_info, max_threads=1,
-                                                       cache_enabled=False)
-        return self._uncached.compile_json_schema(text, any_whitespace=any_whitespace,
-                                                  strict_mode=False)
+        # Length bounds above 128 (smaller ones are patterns by now): xgrammar's rule for
+        # their characters lets raw control characters in; the grammar is compiled with
+        # that rule corrected.
+        grammar = self._xgr.Grammar.from_json_schema(text, any_whitespace=any_whitespace,
+                                                     strict_mode=False)
+        fixed = json_char_rule_fixed(str(grammar))
+        return self._compiler.compile_grammar(self._xgr.Grammar.from_ebnf(fixed))
 
     def compile_raw(self, spec: GrammarSpec) -> Any:
         if spec.kind != "json_schema":
@@ -276,12 +265,25 @@ class XGrammarEngine(Engine):
             batch.batch_fill_next_token_bitmask(raw, bitmask, list(rows))
 
 
-def _large_repeats_are_lengths(text: str) -> bool:
-    """Whether every pattern of the schema ``text`` that repeats more than
-    ``LARGEST_JSON_REPEAT`` times is a length bound (``json_semantics.length_pattern``)."""
-    patterns = [p for _, node in iter_schemas(json.loads(text)) for p in node_patterns(node)]
-    return all(is_length_pattern(p) for p in patterns
-               if largest_repeat(p) > LARGEST_JSON_REPEAT)
+#: The rule xgrammar 0.2.8 writes for a character of a string with ``minLength`` or
+#: ``maxLength`` (``root_characters ::= ...``): it leaves out only the quote, the backslash,
+#: carriage return and newline, so a raw tab or any other U+0000-U+001F got into the string.
+_LENGTH_CHAR_RULE = re.compile(r'^(\S+ ::= )\(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
+#: A negated class in a rule of an xgrammar EBNF text (its ``Regex(...)`` rules aside).
+_NEGATED_CLASS = re.compile(r'^(?!.*Regex\().*\[\^(?![^\]]*\\0-\\x1f)', re.MULTILINE)
+
+
+def json_char_rule_fixed(ebnf: str) -> str:
+    """xgrammar's EBNF text of a JSON schema with every length-bounded string's character
+    rule excluding U+0000-U+001F as JSON does (``[^\\0-\\x1f\"\\\\]``). Raises
+    :class:`UnsupportedSpec` when another negated class is left that does not exclude them
+    (a form this xgrammar version writes that was not foreseen: refused, not guessed)."""
+    fixed = _LENGTH_CHAR_RULE.sub(lambda m: m.group(1) + '(([^\\0-\\x1f\\"\\\\]))', ebnf)
+    left = _NEGATED_CLASS.search(fixed)
+    if left is not None:
+        raise UnsupportedSpec(f"xgrammar wrote a string rule that may let raw control "
+                              f"characters in, not recognized: {left.group(0)[:80]!r}")
+    return fixed
 
 
 def xgrammar_structural_tag(data: dict[str, Any]) -> dict[str, Any]:
