@@ -1,16 +1,18 @@
-"""Why the SGLang plugin leaves Outlines' apply alone: its mask is a bool tensor (True =
-blocked) that SGLang applies with one ``logits.masked_fill_(vocab_mask, -inf)``
-(``OutlinesGrammar.apply_vocab_mask``). Going through ``apply_token_mask`` instead means
-packing that mask into 32-bit words first. Side by side in one run, on the same logits and
+"""What the SGLang plugin's Outlines hook costs against SGLang's own apply: Outlines' mask is
+a bool tensor (True = blocked) that SGLang applies with one ``logits.masked_fill_(vocab_mask,
+-inf)`` (``OutlinesGrammar.apply_vocab_mask``); the hook packs it into 32-bit words and
+applies them through ``apply_token_mask``. Side by side in one run, on the same logits and
 masks (B=64, V=151,936, 99% blocked and all allowed), interleaved in a fresh random order
 each round, medians, every result checked equal:
 
 - ``masked_fill``: Outlines' apply as SGLang runs it;
-- ``pack_then_apply``: ``numpy.packbits`` of the allowed tokens (little bit order, xgrammar's
-  layout) into int32 words, then ``apply_token_mask``;
+- ``hook``: the plugin's apply (``integrations.sglang.apply.apply_outlines``: the pack, then
+  ``apply_token_mask``);
+- ``pack_s11``: session 11's pack (the allowed bools, padded, then ``numpy.packbits``) and
+  ``apply_token_mask``, for reference;
 - ``apply_only``: ``apply_token_mask`` on words already packed (what the pack costs on top).
 
-    PYTHONPATH=. python bench/bench_outlines_mask.py --json bench/results/outlines_mask_cpu_s11.json
+    PYTHONPATH=. python bench/bench_outlines_mask.py --json bench/results/outlines_mask_cpu_s12.json
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ import torch
 
 import portable_guided as pg
 from portable_guided.harness.maskbench import machine_note
+from portable_guided.integrations.sglang.apply import apply_outlines, outlines_words
 
 
-def _packed(blocked: torch.Tensor) -> torch.Tensor:
+def _packed_s11(blocked: torch.Tensor) -> torch.Tensor:
     allowed = ~blocked.numpy()
     width = -(-allowed.shape[1] // 32) * 32
     padded = np.zeros((allowed.shape[0], width), dtype=bool)
@@ -52,11 +55,12 @@ def main() -> int:
         for share in (0.99, 0.0):
             blocked = torch.from_numpy(rng.random((args.batch, args.vocab)) < share)
             base = torch.randn(args.batch, args.vocab).to(dtype)
-            words = _packed(blocked)
+            words = outlines_words(blocked)
             expected = base.masked_fill(blocked, float("-inf"))
             paths = {
                 "masked_fill": lambda x, b=blocked: x.masked_fill_(b, float("-inf")),
-                "pack_then_apply": lambda x, b=blocked: pg.apply_token_mask(x, _packed(b)),
+                "hook": lambda x, b=blocked: apply_outlines(x, b),
+                "pack_s11": lambda x, b=blocked: pg.apply_token_mask(x, _packed_s11(b)),
                 "apply_only": lambda x, w=words: pg.apply_token_mask(x, w),
             }
             times: dict[str, list[float]] = {k: [] for k in paths}
@@ -73,8 +77,7 @@ def main() -> int:
                         raise AssertionError(f"{name} differs from masked_fill ({dtype}, {share})")
             ms = {k: round(statistics.median(v) * 1e3, 3) for k, v in times.items()}
             cell = {"dtype": str(dtype).split(".")[-1], "blocked": share, **ms,
-                    "pack_then_apply_vs_masked_fill": round(
-                        ms["pack_then_apply"] / ms["masked_fill"], 2)}
+                    "hook_vs_masked_fill": round(ms["hook"] / ms["masked_fill"], 2)}
             cells.append(cell)
             print(cell, flush=True)
     if args.out:

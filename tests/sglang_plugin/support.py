@@ -23,11 +23,17 @@ def pristine() -> dict[str, Any]:
         value = getattr(value, "__func__", value)
         return getattr(value, "__wrapped__", value)
 
-    return {
+    out = {
         "xgrammar": raw(XGrammarGrammar, "apply_vocab_mask"),
         "xgrammar_static": raw(XGrammarGrammarBackend, "apply_vocab_mask"),
         "llguidance": raw(GuidanceGrammar, "apply_vocab_mask"),
     }
+    try:  # (outlines 0.1.x: in the sglang-cpu lane)
+        from sglang.srt.constrained.outlines_backend import OutlinesGrammar
+    except ImportError:
+        return out
+    out["outlines"] = raw(OutlinesGrammar, "apply_vocab_mask")
+    return out
 
 
 @contextmanager

@@ -176,7 +176,7 @@ def test_one_info_line_and_off_switch(monkeypatch: pytest.MonkeyPatch,
     with plugin_loaded(monkeypatch):
         assert plugin.is_patched()
         assert plugin.taken_over() == {"xgrammar": "verified", "xgrammar_static": "verified",
-                                       "llguidance": "verified"}
+                                       "llguidance": "verified", "outlines": "verified"}
     lines = [r.getMessage() for r in caplog.records if "takes over" in r.getMessage()]
     assert len(lines) == 1 and "0.5.23" in lines[0]
     assert not plugin.is_patched()

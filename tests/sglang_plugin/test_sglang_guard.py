@@ -35,7 +35,8 @@ def test_changed_function_is_left_to_sglang(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setitem(guard.KNOWN, "0.5.23", known)
     caplog.set_level(logging.INFO, logger="sglang.plugins.portable_guided")
     with plugin_loaded(monkeypatch):
-        assert plugin.taken_over() == {"xgrammar": "verified", "xgrammar_static": "verified"}
+        assert plugin.taken_over() == {"xgrammar": "verified", "xgrammar_static": "verified",
+                                       "outlines": "verified"}
         assert GuidanceGrammar.__dict__["apply_vocab_mask"].__func__ is ORIGINAL["llguidance"]
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("GuidanceGrammar.apply_vocab_mask differs" in m for m in warned)

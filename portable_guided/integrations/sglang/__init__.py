@@ -9,10 +9,11 @@ logits' own device (:mod:`.apply`):
   upstream);
 - ``XGrammarGrammarBackend.apply_vocab_mask``, the static one SGLang's reasoner wrapper uses
   for rows without a grammar (upstream: ``Unsupported device: cpu`` on the CPU);
-- ``GuidanceGrammar.apply_vocab_mask`` (llguidance's Torch kernel upstream).
+- ``GuidanceGrammar.apply_vocab_mask`` (llguidance's Torch kernel upstream);
+- ``OutlinesGrammar.apply_vocab_mask`` (one ``masked_fill_`` of a bool mask upstream; packed
+  into words on the CPU, SGLang's own on accelerators: see :mod:`.apply`).
 
-Reasoner wrappers hand out one of these, so they are covered too. Outlines is not hooked
-yet (a bool mask, applied by one ``masked_fill_`` upstream; see :mod:`.apply`). Each hook is registered only when
+Reasoner wrappers hand out one of these, so they are covered too. Each hook is registered only when
 the source of every SGLang function it relies on matches a verified SGLang build, and its
 first calls of each kind are compared with SGLang's own function (:mod:`.guard`).
 
@@ -58,6 +59,8 @@ _TARGETS: dict[str, tuple[str, str]] = {
         "xgrammar"),
     "llguidance": ("sglang.srt.constrained.llguidance_backend.GuidanceGrammar.apply_vocab_mask",
                    "llguidance"),
+    "outlines": ("sglang.srt.constrained.outlines_backend.OutlinesGrammar.apply_vocab_mask",
+                 "outlines"),
 }
 
 logger = logging.getLogger("sglang.plugins.portable_guided")

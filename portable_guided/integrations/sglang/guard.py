@@ -34,6 +34,7 @@ logger = logging.getLogger("sglang.plugins.portable_guided")
 
 _XGR = "sglang.srt.constrained.xgrammar_backend"
 _LLG = "sglang.srt.constrained.llguidance_backend"
+_OUT = "sglang.srt.constrained.outlines_backend"
 _BASE = "sglang.srt.constrained.base_grammar_backend"
 
 #: SGLang function name used in :data:`KNOWN` -> (module, qualified name).
@@ -46,6 +47,10 @@ FUNCTIONS: dict[str, tuple[str, str]] = {
     "xgr_allocate_bitmask": (_XGR, "_allocate_token_bitmask"),
     "llg_grammar_apply": (_LLG, "GuidanceGrammar.apply_vocab_mask"),
     "llg_grammar_allocate": (_LLG, "GuidanceGrammar.allocate_vocab_mask"),
+    "out_grammar_apply": (_OUT, "OutlinesGrammar.apply_vocab_mask"),
+    "out_grammar_allocate": (_OUT, "OutlinesGrammar.allocate_vocab_mask"),
+    "out_grammar_fill": (_OUT, "OutlinesGrammar.fill_vocab_mask"),
+    "out_grammar_move": (_OUT, "OutlinesGrammar.move_vocab_mask"),
 }
 
 #: Hook name -> what the hook relies on (the function it replaces first).
@@ -55,6 +60,8 @@ HOOK_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "xgrammar_static": ("xgr_backend_apply", "xgr_backend_allocate", "xgr_allocate_bitmask",
                         "xgr_grammar_apply", "grammar_mask_apply"),
     "llguidance": ("llg_grammar_apply", "llg_grammar_allocate", "grammar_mask_apply"),
+    "outlines": ("out_grammar_apply", "out_grammar_allocate", "out_grammar_fill",
+                 "out_grammar_move", "grammar_mask_apply"),
 }
 
 #: Verified SGLang builds: version -> fingerprint per function. Regenerate with
@@ -70,6 +77,11 @@ KNOWN: dict[str, dict[str, str | None]] = {
         "xgr_allocate_bitmask": "d2bd4364e0ce8bb5",
         "llg_grammar_apply": "ccc6257afb79ce54",
         "llg_grammar_allocate": "8b21a27f48d1ea85",
+        # (SGLang's outlines backend, imported with outlines 0.1.14 in the lane)
+        "out_grammar_apply": "74300c44e03e8f35",
+        "out_grammar_allocate": "5be191b52583c2e5",
+        "out_grammar_fill": "a36af66951b0397d",
+        "out_grammar_move": "62b48525be18d3ea",
     },
 }
 
