@@ -29,8 +29,8 @@ from .xgrammar_patterns import (
     needs_escaped_character,
 )
 
-__all__ = ["XGRAMMAR_FORMATS", "length_pattern", "node_patterns",
-           "strict_schema", "xgrammar_exact_strings", "xgrammar_strict_schema",
+__all__ = ["XGRAMMAR_FORMATS", "length_pattern", "node_patterns", "strict_schema",
+           "xgrammar_exact_strings", "xgrammar_open_schema", "xgrammar_strict_schema",
            "xgrammar_unsupported"]
 
 # Keywords whose values are subschemas, maps of subschemas, or lists of subschemas.
@@ -221,17 +221,32 @@ def xgrammar_strict_schema(schema: Any) -> Any:
     stays any object (SGLang's ``json_object`` response format sends ``{"type": "object"}``);
     ``prefixItems`` without ``items`` allows no further items.
     """
+    return _xgrammar_strict_defaults(schema, False)
+
+
+def xgrammar_open_schema(schema: Any) -> Any:
+    """``schema`` with what xgrammar's ``strict_mode`` would close said open explicitly (a
+    new object): ``additionalProperties: true`` / ``items: true`` where
+    :func:`xgrammar_strict_schema` writes ``false``. xgrammar compiles a structural tag's
+    schemas in strict mode, which has no switch; written out, JSON Schema's own defaults
+    hold there too."""
+    return _xgrammar_strict_defaults(schema, True)
+
+
+def _xgrammar_strict_defaults(schema: Any, value: bool) -> Any:
+    """``schema`` with ``value`` written where xgrammar's ``strict_mode`` closes objects and
+    arrays that do not say (see :func:`xgrammar_strict_schema`)."""
     if isinstance(schema, list):
-        return [xgrammar_strict_schema(s) for s in schema]
+        return [_xgrammar_strict_defaults(s, value) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = _children_mapped(schema, xgrammar_strict_schema)
+    out = _children_mapped(schema, lambda s: _xgrammar_strict_defaults(s, value))
     if (_is_object(out) and not {"additionalProperties", "patternProperties",
                            "unevaluatedProperties"} & out.keys()
             and {"properties", "required", "minProperties", "maxProperties"} & out.keys()):
-        out["additionalProperties"] = False
+        out["additionalProperties"] = value
     if "prefixItems" in out and not {"items", "additionalItems", "unevaluatedItems"} & out.keys():
-        out["items"] = False
+        out["items"] = value
     return out
 
 

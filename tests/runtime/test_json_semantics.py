@@ -92,6 +92,41 @@ def test_each_engine_refuses_or_decides_as_json_schema(case, runtimes):
         assert decided in (None, expected), (engine, case, decided, expected)
 
 
+def _decide_tag(rt, schema, arguments: str) -> bool | None:
+    """None if the engine refused, else whether it accepted a tool call with ``arguments``
+    (JSON text) for a structural tag of ``schema`` in free text."""
+    spec = GrammarSpec.structural_tag(
+        [{"begin": "<function=f>", "schema": schema, "end": "</function>"}], ["<function="])
+    req = rt.new_request(spec, on_error="reject").wait(60)
+    if req.failed:
+        return None
+    ids = rt.info.encode(f"Calling: <function=f>{arguments}</function>")
+    return req.accept_tokens(ids) == len(ids)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tool_call_arguments_follow_the_same_language(case, runtimes):
+    # A structural tag's schema is prepared as a json_schema spec's is (lowered, checked):
+    # xgrammar once compiled it as written, and accepted 25 for multipleOf 12 beside a
+    # minimum, "ab" for ^a(:b+)?$, anything under `not`, a double oneOf match.
+    schema, instance = CASES[case]
+    cls = jsonschema.validators.validator_for(schema)
+    expected = cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(instance)
+    for engine in ("xgrammar", "llguidance"):
+        decided = _decide_tag(runtimes[engine], schema, json.dumps(instance))
+        assert decided in (None, expected), (engine, case, decided, expected)
+
+
+@pytest.mark.parametrize("bounds", [{"minLength": 1}, {"maxLength": 300}])
+def test_tool_call_strings_hold_no_raw_control_character(bounds, runtimes):
+    schema = {"type": "object", "properties": {"n": {"type": "string", **bounds}},
+              "required": ["n"]}
+    for engine in ("xgrammar", "llguidance"):
+        assert _decide_tag(runtimes[engine], schema, '{"n": "ab"}') is True, engine
+        # (a raw tab inside the string: not JSON)
+        assert _decide_tag(runtimes[engine], schema, '{"n": "a\tb"}') is False, engine
+
+
 def _decide_text(rt, spec: GrammarSpec, text: str) -> bool | None:
     """None if the engine refused the schema, else whether it accepted the raw ``text``."""
     req = rt.new_request(spec, on_error="reject").wait(60)

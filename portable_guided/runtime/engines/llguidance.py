@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..json_lowering import engine_schema_text, refuse_unsatisfiable, unsound
 from ..specs import GrammarSpec
-from .base import Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
+from .base import EmptyLanguage, Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
 
 if TYPE_CHECKING:
     import llguidance
@@ -211,12 +211,7 @@ class LLGuidanceEngine(Engine):
         json_opts = {"whitespace_flexible": bool(spec.option("any_whitespace", True)),
                      "coerce_one_of": True}
         if kind == "json_schema":
-            text = engine_schema_text(spec.engine_schema_text())
-            refuse_unsatisfiable(text)
-            problems = unsound(json.loads(text))
-            if problems:
-                more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-                raise UnsupportedSpec("; ".join(problems[:3]) + more)
+            text = _checked_schema_text(spec)
             return str(L.grammar_from_json_schema(text, defaults=json_opts))
         if kind == "any_json":
             return str(L.grammar_from_json_schema('{"type":"object"}', defaults=json_opts))
@@ -231,10 +226,18 @@ class LLGuidanceEngine(Engine):
             return str(L.grammar_from_lark(f"start: {body}"))
         if kind == "structural_tag":
             tags = []
-            for t in data["tags"]:
+            for i, t in enumerate(data["tags"]):
+                # Each tag's schema as a json_schema spec's: the same language for a tool
+                # call's arguments as for a response format.
+                try:
+                    schema = json.loads(_checked_schema_text(GrammarSpec.json_schema(
+                        t["schema"])))
+                except (UnsupportedSpec, EmptyLanguage) as exc:
+                    raise UnsupportedSpec(f"tag {i} ({t['begin']!r}): {exc}") from exc
+                schema["x-guidance"] = json_opts
                 trigger = max((tr for tr in data["triggers"] if t["begin"].startswith(tr)), key=len)
                 tags.append(self._llg.StructTag(
-                    trigger=trigger, begin=t["begin"], grammar=t["schema"], end=t["end"]))
+                    trigger=trigger, begin=t["begin"], grammar=schema, end=t["end"]))
             return str(L.grammar_from_lark(self._llg.StructTag.to_grammar(tags)))
         raise UnsupportedSpec(f"llguidance engine: unknown spec kind {kind!r}")
 
@@ -300,6 +303,19 @@ class _Compiled:
     def __init__(self, grammar: str, template: Any) -> None:
         self.grammar = grammar
         self.template = template
+
+
+def _checked_schema_text(spec: GrammarSpec) -> str:
+    """The lowered schema text llguidance compiles for the ``json_schema`` ``spec``; raises
+    :class:`UnsupportedSpec` for what it cannot enforce exactly, ``EmptyLanguage`` for a
+    schema no value satisfies."""
+    text = engine_schema_text(spec.engine_schema_text())
+    refuse_unsatisfiable(text)
+    problems = unsound(json.loads(text))
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise UnsupportedSpec("; ".join(problems[:3]) + more)
+    return text
 
 
 def _gbnf_to_lark(text: str) -> str:

@@ -16,9 +16,16 @@ from ..json_lowering import (
     unsound,
     xgrammar_escapes,
 )
-from ..json_semantics import xgrammar_exact_strings, xgrammar_unsupported
+from ..json_semantics import xgrammar_exact_strings, xgrammar_open_schema, xgrammar_unsupported
 from ..specs import GrammarSpec
-from .base import Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
+from .base import (
+    EmptyLanguage,
+    Engine,
+    Matcher,
+    UnsupportedSpec,
+    foreign_matcher,
+    package_version,
+)
 
 if TYPE_CHECKING:
     import xgrammar
@@ -183,7 +190,7 @@ class XGrammarEngine(Engine):
             body = " | ".join(json.dumps(s, ensure_ascii=False) for s in data)
             return c.compile_grammar(f"root ::= {body}")
         if kind == "structural_tag":
-            return c.compile_structural_tag(xgrammar_structural_tag(data))
+            return self._compile_structural_tag(data)
         raise ValueError(f"xgrammar engine: unknown spec kind {kind!r}")
 
     def prepare(self, spec: GrammarSpec) -> tuple[str, bool]:
@@ -213,16 +220,37 @@ class XGrammarEngine(Engine):
     def compile_prepared(self, prepared: tuple[str, bool]) -> Any:
         """Compile what :meth:`prepare` returned (no check again)."""
         text, any_whitespace = prepared
-        if '"minLength"' not in text and '"maxLength"' not in text:
+        if not _native_lengths(text):
             return self._compiler.compile_json_schema(text, any_whitespace=any_whitespace,
                                                       strict_mode=False)
+        return self._compile_corrected(self._xgr.Grammar.from_json_schema(
+            text, any_whitespace=any_whitespace, strict_mode=False))
+
+    def _compile_corrected(self, grammar: Any) -> Any:
         # Length bounds above 128 (smaller ones are patterns by now): xgrammar's rule for
         # their characters lets raw control characters in; the grammar is compiled with
         # that rule corrected.
-        grammar = self._xgr.Grammar.from_json_schema(text, any_whitespace=any_whitespace,
-                                                     strict_mode=False)
         fixed = json_char_rule_fixed(str(grammar))
         return self._compiler.compile_grammar(self._xgr.Grammar.from_ebnf(fixed))
+
+    def _compile_structural_tag(self, data: dict[str, Any]) -> Any:
+        """Each tag's schema goes through :meth:`prepare` as a ``json_schema`` spec's does
+        (lowered, checked, in the forms xgrammar builds exactly): a tool call's arguments
+        follow the same language as a response format. A tag xgrammar cannot enforce
+        refuses the whole spec (``auto`` then tries the next engine)."""
+        tags = []
+        for i, tag in enumerate(data["tags"]):
+            try:
+                text, _ = self.prepare(GrammarSpec.json_schema(tag["schema"]))
+            except (UnsupportedSpec, EmptyLanguage) as exc:
+                raise UnsupportedSpec(f"tag {i} ({tag['begin']!r}): {exc}") from exc
+            # (xgrammar compiles a tag's schema in strict mode: its defaults written out)
+            tags.append({**tag, "schema": xgrammar_open_schema(json.loads(text))})
+        structural = xgrammar_structural_tag({"tags": tags, "triggers": data["triggers"]})
+        if not any(_native_lengths(json.dumps(t["schema"])) for t in tags):
+            return self._compiler.compile_structural_tag(structural)
+        return self._compile_corrected(self._xgr.Grammar.from_structural_tag(
+            json.dumps(structural)))
 
     def compile_raw(self, spec: GrammarSpec) -> Any:
         if spec.kind != "json_schema":
@@ -263,6 +291,12 @@ class XGrammarEngine(Engine):
                for m in matchers]
         with lock:
             batch.batch_fill_next_token_bitmask(raw, bitmask, list(rows))
+
+
+def _native_lengths(text: str) -> bool:
+    """Whether a prepared schema text may hold ``minLength``/``maxLength`` (xgrammar builds
+    those with its own rule: see :meth:`XGrammarEngine._compile_corrected`)."""
+    return '"minLength"' in text or '"maxLength"' in text
 
 
 #: The rule xgrammar 0.2.8 writes for a character of a string with ``minLength`` or
