@@ -59,7 +59,8 @@ def plugin() -> Iterator[Any]:
     from portable_guided.integrations import sglang as plugin
 
     with pytest.MonkeyPatch.context() as mp, plugin_loaded(mp):
-        assert sorted(plugin.taken_over()) == ["llguidance", "xgrammar", "xgrammar_static"]
+        assert sorted(plugin.taken_over()) == ["llguidance", "outlines", "xgrammar",
+                                               "xgrammar_static"]
         yield plugin
 
 
