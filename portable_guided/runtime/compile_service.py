@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 #: 2: checksummed entries; 3: empty languages refused; 4: lowering with sound subsets (a spec
 #: may compile to another grammar than before); 5: unevaluated* split by branches, object and
 #: array values as schemas on xgrammar; 6: xgrammar patterns rewritten (xgrammar_patterns) and
-#: multipleOf beside a range refused.
+#: multipleOf beside a range refused; 7-8: xgrammar length bounds as patterns, long repeats
+#: refused; 9: long length bounds as xgrammar's rule corrected, structural-tag schemas
+#: prepared as json_schema specs are.
 RUNTIME_CACHE_VERSION = "9"
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
