@@ -239,15 +239,17 @@ class XGrammarEngine(Engine):
         follow the same language as a response format. A tag xgrammar cannot enforce
         refuses the whole spec (``auto`` then tries the next engine)."""
         tags = []
+        lengths = False
         for i, tag in enumerate(data["tags"]):
             try:
                 text, _ = self.prepare(GrammarSpec.json_schema(tag["schema"]))
             except (UnsupportedSpec, EmptyLanguage) as exc:
                 raise UnsupportedSpec(f"tag {i} ({tag['begin']!r}): {exc}") from exc
+            lengths = lengths or _native_lengths(text)
             # (xgrammar compiles a tag's schema in strict mode: its defaults written out)
             tags.append({**tag, "schema": xgrammar_open_schema(json.loads(text))})
         structural = xgrammar_structural_tag({"tags": tags, "triggers": data["triggers"]})
-        if not any(_native_lengths(json.dumps(t["schema"])) for t in tags):
+        if not lengths:
             return self._compiler.compile_structural_tag(structural)
         return self._compile_corrected(self._xgr.Grammar.from_structural_tag(
             json.dumps(structural)))
