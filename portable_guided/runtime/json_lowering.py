@@ -55,6 +55,8 @@ _ARRAY_KW = ("items", "prefixItems", "minItems", "maxItems", "uniqueItems", "con
 _OBJECT_KW = ("properties", "patternProperties", "additionalProperties", "required",
               "minProperties", "maxProperties", "propertyNames", "dependentRequired",
               "dependentSchemas", "unevaluatedProperties")
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
+           "minContains", "maxContains")
 _FAMILY = {**{k: "number" for k in _NUMBER_KW}, **{k: "string" for k in _STRING_KW},
            **{k: "array" for k in _ARRAY_KW}, **{k: "object" for k in _OBJECT_KW}}
 _ANNOTATIONS = frozenset(("title", "description", "default", "examples", "$comment",
@@ -237,10 +239,30 @@ _PASSIVE: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]] = {
     "definitions": _definitions}
 
 
+# What each keyword asks of :func:`_needs_lowering` (bit flags; 0: nothing).
+_ACTIVE, _PASSIVE_KEY, _TYPED, _FAMILY_KEY, _COUNT, _ONE_SUB, _SUB_MAP, _SUB_LIST, _FORMAT = (
+    1 << i for i in range(9))
+
+
+def _role(key: str) -> int:
+    return ((_ACTIVE if key in _ACTED_ON and key not in _PASSIVE else 0)
+            | (_PASSIVE_KEY if key in _PASSIVE else 0)
+            | (_TYPED if key in ("type", "enum", "const") else 0)
+            | (_FAMILY_KEY if key in _FAMILY else 0) | (_COUNT if key in _COUNTS else 0)
+            | (_ONE_SUB if key in _SUB else 0) | (_SUB_MAP if key in _MAPS else 0)
+            | (_SUB_LIST if key in _LISTS else 0) | (_FORMAT if key == "format" else 0))
+
+
+_ROLES = {k: r for k in {*_KEYWORDS, *_COUNTS} if (r := _role(k))}
+
+
 def _needs_lowering(schema: Mapping[str, Any]) -> bool:
     """Whether :func:`lower` can change ``schema``: a keyword some rewrite acts on, a count
-    written as a float, a ``true``/``{}`` subschema, a format with an ASCII form, or
-    keywords of one instance type without ``type`` (split per type)."""
+    written as a float, a ``true``/``{}`` subschema, a format with an ASCII form or none,
+    values beside other keywords, a required property that is ``false``, or keywords of one
+    instance type without ``type`` (split per type). One look at each keyword of each
+    subschema (most schemas: nothing to rewrite, every subschema looked at)."""
+    roles = _ROLES
     stack: list[Any] = [schema]
     while stack:
         node = stack.pop()
@@ -248,36 +270,39 @@ def _needs_lowering(schema: Mapping[str, Any]) -> bool:
             if node is False or node is True:
                 continue
             return True  # not a schema: let the rewrites decide
-        keys = node.keys()
-        fmt = node.get("format")
-        if keys & _ACTED_ON - _PASSIVE.keys() or fmt in _ASCII_FORMAT or fmt == "date" or (
-                isinstance(fmt, str) and fmt not in STANDARD_FORMATS):
-            return True
-        if any(k in node and not check(node, schema) for k, check in _PASSIVE.items()):
-            return True
-        if "type" not in node and "enum" not in node and "const" not in node and any(
-                k in _FAMILY for k in keys):
-            return True
-        if ("enum" in keys or "const" in keys) and (
-                keys - _ANNOTATIONS - {"enum", "const", "type"}):
-            return True  # the values the other keywords reject are dropped
-        if _requires_false(node, typed=False) or node.get("enum") == []:
-            return True
-        for k in _COUNTS:
-            if isinstance(node.get(k), float):
+        seen = 0
+        for key, value in node.items():
+            role = roles.get(key, 0)
+            if not role:
+                continue
+            seen |= role
+            if role & _ACTIVE:
                 return True
-        for key in _SUB:
-            if key in node:
-                sub = node[key]
-                if sub is True or sub == {}:
+            if role & _PASSIVE_KEY and not _PASSIVE[key](node, schema):
+                return True
+            if role & _COUNT and isinstance(value, float):
+                return True
+            if role & _ONE_SUB:
+                if value is True or value == {}:
                     return True
-                stack.append(sub)
-        for key in _MAPS:
-            if isinstance(node.get(key), Mapping):
-                stack.extend(node[key].values())
-        for key in (*_LISTS, "items"):
-            if isinstance(node.get(key), list):
-                stack.extend(node[key])
+                stack.append(value)  # (a draft-4 items list is not a schema: True)
+            elif role & _SUB_MAP:
+                if isinstance(value, Mapping):
+                    stack.extend(value.values())
+            elif role & _SUB_LIST:
+                if isinstance(value, list):
+                    stack.extend(value)
+            elif role & _FORMAT and (value in _ASCII_FORMAT or value == "date" or (
+                    isinstance(value, str) and value not in STANDARD_FORMATS)):
+                return True
+        if seen & _FAMILY_KEY and not seen & _TYPED:
+            return True
+        if ("enum" in node or "const" in node) and (
+                node.keys() - _ANNOTATIONS - {"enum", "const", "type"}):
+            return True  # the values the other keywords reject are dropped
+        if "required" in node and _requires_false(node, typed=False) or (
+                node.get("enum") == []):
+            return True
     return False
 
 
@@ -643,19 +668,28 @@ class _Lowerer:
             self.keep, self.inherited = saved
 
     def _children_lowered(self, s: dict[str, Any], depth: int, keep: bool) -> None:
+        node = self.node
         for key, sub in _child_keywords(s):
             keep_here = keep and key in _IN_PLACE
             if key in _MAPS:
                 if key != "$defs" and isinstance(sub, dict):
-                    s[key] = {k: self.node(v, depth, keep_here) for k, v in sub.items()}
-            elif isinstance(sub, list):
-                if key in _LIST_KEYS:
-                    with self._exact() if key in _NEGATED else contextlib.nullcontext():
-                        s[key] = [self.node(v, depth, keep_here) for v in sub]
-            # (true and false lower to themselves)
-            elif isinstance(sub, dict) and key in _SUB_KEYS:
-                with self._exact() if key in _NEGATED else contextlib.nullcontext():
-                    s[key] = self.node(sub, depth, keep_here)
+                    s[key] = {k: node(v, depth, keep_here) for k, v in sub.items()}
+                continue
+            if isinstance(sub, list):
+                if key not in _LIST_KEYS:
+                    continue
+            elif not isinstance(sub, dict) or key not in _SUB_KEYS:
+                continue  # (true and false lower to themselves)
+            # What is negated is lowered exactly (as in `_exact`, without its cost here).
+            exact = self.approximate and key in _NEGATED
+            if exact:
+                self.approximate = False
+            try:
+                s[key] = ([node(v, depth, keep_here) for v in sub] if isinstance(sub, list)
+                          else node(sub, depth, keep_here))
+            finally:
+                if exact:
+                    self.approximate = True
 
     def rewrite(self, s: dict[str, Any], depth: int = 0) -> Any:
         """Apply the steps in order; a step that builds a new schema (a merge brings
@@ -667,7 +701,7 @@ class _Lowerer:
         else:
             steps = self._steps["all"]
         for step, acts_on in steps:
-            if not acts_on & s.keys():
+            if acts_on.isdisjoint(s):
                 continue  # (each step leaves a schema without its keywords as it is)
             try:
                 out = step(self, s)
@@ -1117,8 +1151,6 @@ class _Lowerer:
 
 #: Every instance but arrays.
 _NO_ARRAY = {"type": [t for t in _TYPES if t != "array"]}
-_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
-           "minContains", "maxContains")
 #: Subschema keywords that constrain nothing when their value is ``true`` (or ``{}``).
 _VACUOUS_WHEN_TRUE = ("additionalProperties", "items", "propertyNames", "unevaluatedProperties",
                       "unevaluatedItems")
@@ -1313,6 +1345,8 @@ def _map_bottom_up(s: Any, fn: Any) -> Any:
     """``fn`` applied to every subschema of ``s``, children first (in place)."""
     if not isinstance(s, dict):
         return s
+    if _CHILD_KEYS.isdisjoint(s):
+        return fn(s)  # (a leaf)
     for key, sub in _child_keywords(s):
         if key in _MAPS:
             if isinstance(sub, dict):
