@@ -42,6 +42,11 @@ CASES = [
      {"type": "integer", "minimum": 0, "multipleOf": 12}, "25", False),
     ("enum beside maxLength: maxLength is dropped",
      {"type": "string", "enum": ["a", "bb"], "maxLength": 1}, '"bb"', False),
+    ("type beside anyOf: the type is dropped",
+     {"type": "object", "anyOf": [{"type": "integer"}, {"type": "object"}]}, "3", False),
+    ("type beside $ref: the type is dropped",
+     {"type": "object", "$ref": "#/$defs/n", "$defs": {"n": {"type": ["integer", "object"]}}},
+     "3", False),
     # The expected side of the narrowings (valid text xgrammar cannot produce), for reference:
     ("number with a range: more than 6 fraction digits rejected",
      {"type": "number", "minimum": 0, "maximum": 1}, "0.0160425", True),

@@ -1940,7 +1940,7 @@ def unsound(schema: Any) -> list[str]:
         branches = node.get("oneOf")
         if isinstance(branches, list):
             context = {k: node[k] for k in ("type",) if k in node}
-            live = [merge_type(b, context) for b in branches]
+            live = [merge_type(b, context, defs) for b in branches]
             for i in range(len(live)):
                 for j in range(i + 1, len(live)):
                     if not disjoint(live[i], live[j], defs):
@@ -1959,12 +1959,18 @@ def unsound(schema: Any) -> list[str]:
     return found
 
 
-def merge_type(branch: Any, context: Mapping[str, Any]) -> Any:
-    """``branch`` with the parent's ``type`` added (for the disjointness test)."""
+def merge_type(branch: Any, context: Mapping[str, Any],
+               defs: Mapping[str, Any] | None = None) -> Any:
+    """``branch`` with the parent's ``type`` added (for the disjointness test). A branch that
+    is a ``$ref`` alone to one of ``defs`` is its target here, so that the types the parent
+    rules out are left out of an untyped target too (the branches of ``{"type": "object",
+    "oneOf": [{"$ref": ...}, ...]}`` need only be disjoint on objects)."""
     if not context or not isinstance(branch, Mapping):
         return branch
+    target = _deref(branch, defs) if defs else branch
     try:
-        return merge(dict(branch), dict(context), _no_inline)
+        return merge(dict(target if target is not None else branch), dict(context),
+                     _no_inline)
     except _NotExact:
         return branch
 

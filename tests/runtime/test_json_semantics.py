@@ -310,6 +310,65 @@ def test_one_of_with_disjoint_branches_is_enforced_on_both_engines(runtimes):
             assert _decide(runtimes[e], spec, instance) == expected, (e, instance)
 
 
+def test_one_of_of_references_to_untyped_definitions_is_enforced(runtimes):
+    # The definitions have no type (each accepts every non-object) and one refers to itself
+    # (so it is not inlined): only the parent's type makes the branches disjoint
+    # (MaskBench Github_medium o10530 has this shape; it was refused as overlapping).
+    schema = {"type": "object", "oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}],
+              "$defs": {"a": {"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+                        "b": {"properties": {"kind": {"const": "b"},
+                                             "next": {"$ref": "#/$defs/b"}},
+                              "required": ["kind"]}}}
+    spec = GrammarSpec.json_schema(schema)
+    for instance in ({"kind": "a"}, {"kind": "b", "next": {"kind": "b"}}, {"kind": "c"}, 3,
+                     {"kind": "b", "next": {"kind": "a"}}, {"kind": "a", "next": 1}):
+        expected = jsonschema.Draft202012Validator(schema).is_valid(instance)
+        assert _decide(runtimes["llguidance"], spec, instance) == expected, instance
+        # xgrammar would ignore the type beside the oneOf (and accept 3): it refuses.
+        assert _decide(runtimes["xgrammar"], spec, instance) is None, instance
+
+
+@pytest.mark.parametrize("key", ["anyOf", "oneOf", "$ref"])
+def test_xgrammar_never_ignores_a_type_beside_branches(key, runtimes):
+    # xgrammar 0.2.8 compiles the branches (or the target) alone, without the `type` beside
+    # them. Untyped definitions that refer to themselves stay references after the
+    # lowering (each split per type: it accepts every non-object), so xgrammar accepted 3
+    # here: it now refuses, unless every branch stays within the type.
+    kinds = {"a": {"properties": {"k": {"const": "a"}, "next": {"$ref": "#/$defs/a"}},
+                   "required": ["k"]},
+             "b": {"properties": {"k": {"const": "b"}, "next": {"$ref": "#/$defs/b"}},
+                   "required": ["k"]}}
+    typed = {n: {"type": "object", **d} for n, d in kinds.items()}
+    for defs, compiles in ((kinds, False), (typed, True)):
+        refs = [{"$ref": f"#/$defs/{n}"} for n in defs]
+        schema = ({"type": "object", "$ref": "#/$defs/a", "$defs": defs} if key == "$ref"
+                  else {"type": "object", key: refs, "$defs": defs})
+        spec = GrammarSpec.json_schema(schema)
+        for instance in (3, "x", None, {"k": "a"}, {"k": "b", "next": {"k": "b"}}, {"k": "c"}):
+            expected = jsonschema.Draft202012Validator(schema).is_valid(instance)
+            decided = _decide(runtimes["xgrammar"], spec, instance)
+            assert decided == (expected if compiles else None), (schema, instance)
+            assert _decide(runtimes["llguidance"], spec, instance) == expected
+
+
+def test_xgrammar_type_beside_rule_reads_branch_types():
+    root = {"$defs": {"int": {"type": "integer"}, "obj": {"type": "object"},
+                      "any": {"properties": {}}, "either": {"anyOf": [
+                          {"$ref": "#/$defs/obj"}, {"const": {"a": 1}}]}}}
+
+    def problems(node):
+        return [p for p in xgrammar_unsupported({**root, **node}) if "beside type" in p]
+
+    assert problems({"type": "object", "anyOf": [{"$ref": "#/$defs/obj"},
+                                                 {"$ref": "#/$defs/either"}]}) == []
+    assert problems({"type": "number", "oneOf": [{"$ref": "#/$defs/int"},
+                                                 {"enum": [1.5, 2]}]}) == []
+    assert problems({"type": "integer", "anyOf": [{"enum": [1.5]}]}) != []
+    assert problems({"type": "object", "anyOf": [{"$ref": "#/$defs/int"}]}) != []
+    assert problems({"type": "object", "$ref": "#/$defs/any"}) != []  # (any type)
+    assert problems({"type": "object", "$ref": "#/$defs/missing"}) != []
+
+
 def test_xgrammar_reasons_name_the_keyword_and_pointer():
     assert xgrammar_unsupported({"properties": {"a": {"type": "array", "uniqueItems": True}}}) \
         == ["/properties/a: uniqueItems is not enforced by xgrammar"]
