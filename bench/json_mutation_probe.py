@@ -1,0 +1,65 @@
+"""Does an engine accept an instance the schema rejects? Each MaskBench schema's first valid
+instance, changed one place at a time (``portable_guided.harness.mutation``), walked through
+the engine as the runtime compiles the schema; what it accepts must pass the ``jsonschema``
+validator.
+
+    PYTHONPATH=. python bench/json_mutation_probe.py --step 8 \
+        --json bench/results/json_mutation_probe_s13.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import sys
+import time
+from typing import Any
+
+from portable_guided.harness.maskbench import load_records, machine_note
+from portable_guided.harness.mutation import probe_engine
+from portable_guided.runtime import load_tokenizer_info
+
+FILES = "../shared/data/maskbench/*.jsonl"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--files", default=FILES)
+    p.add_argument("--step", type=int, default=8, help="every n-th schema")
+    p.add_argument("--per-instance", type=int, default=40, help="changed instances per schema")
+    p.add_argument("--engines", default="xgrammar,llguidance")
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--json", dest="out", default=None)
+    args = p.parse_args()
+    records = load_records(sorted(glob.glob(args.files)))[::args.step]
+    info = load_tokenizer_info("deepseek")
+    result: dict[str, Any] = {}
+    for engine in args.engines.split(","):
+        t0 = time.perf_counter()
+        rows = probe_engine(records, info, engine, per_instance=args.per_instance,
+                            timeout_s=args.timeout)
+        bad = [r for r in rows if r["accepted_invalid"]]
+        result[engine] = {
+            "schemas_compiled": len(rows), "instances_tried": sum(r["tried"] for r in rows),
+            "schemas_accepting_invalid": len(bad),
+            "instances_accepted_invalid": sum(len(r["accepted_invalid"]) for r in bad),
+            "accepted_invalid": [{"id": r["id"], "instances": r["accepted_invalid"][:5]}
+                                 for r in bad],
+            "seconds": round(time.perf_counter() - t0, 1)}
+        print(engine, {k: v for k, v in result[engine].items() if k != "accepted_invalid"},
+              flush=True)
+        for r in bad:
+            print("  ", r["id"], r["accepted_invalid"][:3], flush=True)
+    if args.out:
+        out = {"command": " ".join(["python", *sys.argv]),
+               "date": datetime.date.today().isoformat(), "machine": machine_note(),
+               "tokenizer": "deepseek", "schemas": len(records), "engines": result}
+        with open(args.out, "w", encoding="utf-8") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
