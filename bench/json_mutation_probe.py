@@ -5,6 +5,11 @@ validator.
 
     PYTHONPATH=. python bench/json_mutation_probe.py --step 8 \
         --json bench/results/json_mutation_probe_s13.json
+    PYTHONPATH=. python bench/json_mutation_probe.py --suite --seeds 4 \
+        --json bench/results/json_mutation_probe_suite_s13.json
+
+``--suite``: the JSON Schema Test Suite's groups instead (``--suite-dir``), each group's
+first ``--seeds`` valid instances changed.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import glob
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from portable_guided.harness.maskbench import load_records, machine_note
@@ -22,24 +28,35 @@ from portable_guided.harness.mutation import probe_engine
 from portable_guided.runtime import load_tokenizer_info
 
 FILES = "../shared/data/maskbench/*.jsonl"
+SUITE = "../shared/data/json-schema-test-suite/draft2020-12"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--files", default=FILES)
-    p.add_argument("--step", type=int, default=8, help="every n-th schema")
-    p.add_argument("--per-instance", type=int, default=40, help="changed instances per schema")
+    p.add_argument("--step", type=int, default=None, help="every n-th schema (8; suite: 1)")
+    p.add_argument("--per-instance", type=int, default=40, help="changes per valid instance")
+    p.add_argument("--seeds", type=int, default=1, help="valid instances changed per schema")
+    p.add_argument("--suite", action="store_true", help="the JSON Schema Test Suite instead")
+    p.add_argument("--suite-dir", default=SUITE)
     p.add_argument("--engines", default="xgrammar,llguidance")
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--json", dest="out", default=None)
     args = p.parse_args()
-    records = load_records(sorted(glob.glob(args.files)))[::args.step]
+    step = args.step or (1 if args.suite else 8)
+    if args.suite:
+        records = [{"id": f"{path.rsplit('/', 1)[-1]}#{i}", **group}
+                   for path in sorted(glob.glob(f"{args.suite_dir}/*.json"))
+                   for i, group in enumerate(json.loads(Path(path).read_text("utf-8")))
+                   ][::step]
+    else:
+        records = load_records(sorted(glob.glob(args.files)))[::step]
     info = load_tokenizer_info("deepseek")
     result: dict[str, Any] = {}
     for engine in args.engines.split(","):
         t0 = time.perf_counter()
         rows = probe_engine(records, info, engine, per_instance=args.per_instance,
-                            timeout_s=args.timeout)
+                            seeds=args.seeds, timeout_s=args.timeout)
         bad = [r for r in rows if r["accepted_invalid"]]
         result[engine] = {
             "schemas_compiled": len(rows), "instances_tried": sum(r["tried"] for r in rows),

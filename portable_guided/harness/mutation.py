@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
 from typing import Any
 
 from ..runtime.errors import GrammarCompileError, GrammarSpecError
@@ -102,20 +103,39 @@ def mutations(instance: Any, limit: int) -> list[Any]:
 
 def validator(schema: Any) -> Any:
     """The ``jsonschema`` validator of ``schema``'s draft (2020-12 without ``$schema``), with
-    formats asserted."""
+    formats asserted and ``multipleOf`` decided on the numbers as written (decimal), as the
+    engines decide it: the validator's own divides binary floats, so 0.5075 would not be a
+    multiple of 0.0001 there."""
     import jsonschema
 
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls = jsonschema.validators.extend(cls, {"multipleOf": _decimal_multiple_of})
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 
+def _decimal_multiple_of(validator: Any, divisor: Any, instance: Any,
+                         schema: Any) -> Iterator[Any]:
+    from jsonschema.exceptions import ValidationError
+
+    if not validator.is_type(instance, "number"):
+        return
+    try:
+        # Exact: enough digits for any JSON number's quotient (1e308 / 3 has 308).
+        with localcontext(Context(prec=1000, Emax=MAX_EMAX, Emin=MIN_EMIN)):
+            whole = Decimal(repr(instance)) % Decimal(repr(divisor)) == 0
+    except (ArithmeticError, ValueError):
+        whole = False
+    if not whole:
+        yield ValidationError(f"{instance!r} is not a multiple of {divisor!r}")
+
+
 def probe_engine(records: Sequence[dict[str, Any]], info: TokenizerInfo, engine: str, *,
-                 per_instance: int = 40, timeout_s: float | None = 10.0,
+                 per_instance: int = 40, seeds: int = 1, timeout_s: float | None = 10.0,
                  progress: Callable[[dict[str, Any]], None] | None = None
                  ) -> list[dict[str, Any]]:
     """One row per schema ``engine`` compiles: ``{"id", "tried", "accepted_invalid":
-    [instance JSON text...]}`` (the first valid instance of each record is mutated,
-    ``per_instance`` changes)."""
+    [instance JSON text...]}`` (the first ``seeds`` valid instances of each record are
+    mutated, ``per_instance`` changes each)."""
     rt = GrammarRuntime(info, engine, compile_timeout_s=timeout_s, fill_threads=1,
                         failure_ttl_s=0)
     stop = info.stop_token_ids[0]
@@ -134,7 +154,8 @@ def probe_engine(records: Sequence[dict[str, Any]], info: TokenizerInfo, engine:
             except Exception:  # noqa: BLE001, S112 - a schema the validator cannot read
                 continue
             row: dict[str, Any] = {"id": rec.get("id"), "tried": 0, "accepted_invalid": []}
-            for changed in mutations(valid[0], per_instance):
+            changes = [m for seed in valid[:seeds] for m in mutations(seed, per_instance)]
+            for changed in changes:
                 text = json.dumps(changed, ensure_ascii=False)
                 ids = info.encode(text)
                 req = rt.new_request(spec, on_error="reject")

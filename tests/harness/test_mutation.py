@@ -64,3 +64,13 @@ def test_the_probe_finds_an_engine_that_ignores_a_type(deepseek, monkeypatch):
     accepted = [json.loads(t) for t in rows[0]["accepted_invalid"]]
     assert all(not mutation.validator(_records()[0]["schema"]).is_valid(a) for a in accepted)
     assert 0 in accepted or "x" in accepted
+
+
+def test_the_validator_reads_multiple_of_on_the_numbers_as_written():
+    # jsonschema divides binary floats (0.5075 / 0.0001 = 5074.999...); the engines and
+    # JSON Schema read the decimal numbers.
+    small = mutation.validator({"multipleOf": 0.0001})
+    assert small.is_valid(0.5075) and not small.is_valid(0.50751)
+    three = mutation.validator({"type": "number", "multipleOf": 3})
+    assert three.is_valid(9) and three.is_valid(9.0) and three.is_valid(3e300)
+    assert not three.is_valid(10) and not three.is_valid(1e308) and not three.is_valid("9")
