@@ -68,6 +68,12 @@ CASES = {
                               "2020-01-01T00:00:00Z"),
     "undeclared_property": ({"type": "object", "properties": {"a": {"type": "integer"}}},
                             {"a": 1, "b": 2}),
+    # Session 13: xgrammar drops a `type` beside anyOf (branches that refer to themselves
+    # are not merged with it, and an untyped one accepts every other type).
+    "type_beside_anyOf": ({"type": "object", "anyOf": [{"$ref": "#/$defs/a"},
+                                                         {"$ref": "#/$defs/b"}],
+                           "$defs": {"a": {"properties": {"a": {"$ref": "#/$defs/a"}}},
+                                     "b": {"properties": {"b": {"$ref": "#/$defs/b"}}}}}, 3),
 }
 
 
