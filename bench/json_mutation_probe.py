@@ -39,6 +39,7 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=1, help="valid instances changed per schema")
     p.add_argument("--suite", action="store_true", help="the JSON Schema Test Suite instead")
     p.add_argument("--suite-dir", default=SUITE)
+    p.add_argument("--strict", action="store_true", help="the strict variant (strict=True)")
     p.add_argument("--engines", default="xgrammar,llguidance")
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--json", dest="out", default=None)
@@ -56,7 +57,7 @@ def main() -> int:
     for engine in args.engines.split(","):
         t0 = time.perf_counter()
         rows = probe_engine(records, info, engine, per_instance=args.per_instance,
-                            seeds=args.seeds, timeout_s=args.timeout)
+                            seeds=args.seeds, strict=args.strict, timeout_s=args.timeout)
         bad = [r for r in rows if r["accepted_invalid"]]
         result[engine] = {
             "schemas_compiled": len(rows), "instances_tried": sum(r["tried"] for r in rows),

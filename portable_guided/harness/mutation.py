@@ -130,12 +130,17 @@ def _decimal_multiple_of(validator: Any, divisor: Any, instance: Any,
 
 
 def probe_engine(records: Sequence[dict[str, Any]], info: TokenizerInfo, engine: str, *,
-                 per_instance: int = 40, seeds: int = 1, timeout_s: float | None = 10.0,
+                 per_instance: int = 40, seeds: int = 1, strict: bool = False,
+                 timeout_s: float | None = 10.0,
                  progress: Callable[[dict[str, Any]], None] | None = None
                  ) -> list[dict[str, Any]]:
     """One row per schema ``engine`` compiles: ``{"id", "tried", "accepted_invalid":
     [instance JSON text...]}`` (the first ``seeds`` valid instances of each record are
-    mutated, ``per_instance`` changes each)."""
+    mutated, ``per_instance`` changes each). ``strict``: the strict variant
+    (``strict=True``), checked against the schema as ``strict_schema`` writes it (the seeds
+    are the record's valid instances that it accepts)."""
+    from ..runtime.json_semantics import strict_schema
+
     rt = GrammarRuntime(info, engine, compile_timeout_s=timeout_s, fill_threads=1,
                         failure_ttl_s=0)
     stop = info.stop_token_ids[0]
@@ -146,9 +151,10 @@ def probe_engine(records: Sequence[dict[str, Any]], info: TokenizerInfo, engine:
             if not valid:
                 continue
             try:
-                spec = GrammarSpec.json_schema(rec["schema"])
+                spec = GrammarSpec.json_schema(rec["schema"], strict=strict)
                 rt.compile(spec)
-                check = validator(rec["schema"])
+                check = validator(strict_schema(rec["schema"]) if strict else rec["schema"])
+                valid = [v for v in valid if check.is_valid(v)]
             except (GrammarCompileError, GrammarSpecError, TypeError):
                 continue
             except Exception:  # noqa: BLE001, S112 - a schema the validator cannot read
