@@ -736,6 +736,7 @@ class _Lowerer:
                 (cls._if_then_else, frozenset(("if", "then", "else"))),
                 (cls._dependent, frozenset(("dependentRequired", "dependentSchemas"))),
                 (cls._distribute, frozenset(branches)),
+                (cls._one_of_values, frozenset(("oneOf",))),
                 (cls._one_of_by_type, frozenset(("oneOf",))),
                 (cls._one_of_exclusive, frozenset(("oneOf",))),
                 (cls._contains, frozenset(("contains",))),
@@ -1009,6 +1010,40 @@ class _Lowerer:
             branches.append({"type": fam, **{k: v for k, v in s.items() if _FAMILY.get(k) == fam}})
         keep = {k: v for k, v in s.items() if k in _ANNOTATIONS or k == "$defs"}
         return {**keep, "anyOf": branches}
+
+    def _one_of_values(self, s: dict[str, Any]) -> Any:
+        """A ``oneOf`` whose branches only list values (``enum`` or ``const``, with a
+        ``type`` that keeps some of them; ``false`` lists none) as the ``enum`` of the values
+        exactly one branch accepts (JSON equality: 1 and 1.0 are one value)."""
+        branches = s.get("oneOf")
+        if not isinstance(branches, list) or not branches:
+            return s
+        listed: list[list[Any]] = []
+        for b in branches:
+            if b is False:
+                continue
+            if not isinstance(b, dict) or len(b.keys() - _ANNOTATIONS - {"type"}) != 1:
+                return s
+            if isinstance(b.get("enum"), list):
+                values = b["enum"]
+            elif "const" in b:
+                values = [b["const"]]
+            else:
+                return s
+            types = _types(b)
+            listed.append(values if types is None else [v for v in values
+                                                        if _has_type(v, types)])
+        branch_count: dict[str, int] = {}
+        first: dict[str, Any] = {}
+        for values in listed:
+            for key in {_key(v) for v in values}:  # (a value listed twice in one branch)
+                branch_count[key] = branch_count.get(key, 0) + 1
+            for v in values:
+                first.setdefault(_key(v), v)
+        kept = [v for k, v in first.items() if branch_count[k] == 1]
+        if not kept:
+            return False
+        return {**{k: v for k, v in s.items() if k != "oneOf"}, "enum": kept}
 
     def _one_of_by_type(self, s: dict[str, Any]) -> Any:
         """A ``oneOf`` whose branches may overlap, taken one instance type at a time: on a

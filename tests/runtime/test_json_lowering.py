@@ -200,6 +200,26 @@ def test_one_of_kept_only_where_branches_are_disjoint(schema, target, xs):
     assert _decisions(as_any, xs) in (expected, None), (schema, lowered, xs)
 
 
+_VALUE_BRANCHES = st.lists(st.one_of(
+    st.builds(lambda v: {"enum": v}, st.lists(st.sampled_from([*SCALARS, 1.0]), min_size=1,
+                                              max_size=4)),
+    st.builds(lambda v: {"const": v}, st.sampled_from([*SCALARS, 2.0])),
+    st.builds(lambda v, t: {"enum": v, "type": t, "title": "x"},
+              st.lists(st.sampled_from(SCALARS), min_size=1, max_size=4),
+              st.sampled_from(TYPES)),
+    st.just(False)), min_size=1, max_size=4)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_VALUE_BRANCHES, st.sampled_from([{}, {"type": "integer"}, {"type": ["string", "null"]}]))
+def test_one_of_of_values_keeps_the_values_exactly_one_branch_accepts(branches, beside):
+    schema = {**beside, "oneOf": branches}
+    lowered = lower(schema)
+    assert "oneOf" not in json.dumps(lowered), lowered  # (never left for the engines)
+    for x in [*SCALARS, 1.0, 2.0, -1.0, [0], {"a": 1}]:
+        assert _valid(lowered, x) == _valid(schema, x), (schema, lowered, x)
+
+
 def _decisions(schema, xs):
     """The validator's decisions, None where it cannot decide (a $ref cycle that consumes
     no input recurses forever; whether the validator meets it depends on the order in which
