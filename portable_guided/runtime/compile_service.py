@@ -44,8 +44,9 @@ log = logging.getLogger(__name__)
 #: array values as schemas on xgrammar; 6: xgrammar patterns rewritten (xgrammar_patterns) and
 #: multipleOf beside a range refused; 7-8: xgrammar length bounds as patterns, long repeats
 #: refused; 9: long length bounds as xgrammar's rule corrected, structural-tag schemas
-#: prepared as json_schema specs are.
-RUNTIME_CACHE_VERSION = "9"
+#: prepared as json_schema specs are; 10: `type` beside anyOf/oneOf/$ref refused on xgrammar
+#: (a cached grammar would keep accepting other types), oneOf of value lists as one enum.
+RUNTIME_CACHE_VERSION = "10"
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
 #: receiving the worker's serialized grammar. Kept at 0.1 s by measurement (xgrammar 0.2.8,
