@@ -920,8 +920,12 @@ class _Lowerer:
                 return {**rest, key: left} if left else rest
             for name, need in deps.items():
                 absent = {"properties": {name: False}}
+                # Only objects holding `name` take the dependency: `need` on every other
+                # instance would evaluate items or properties an unevaluated* keyword sees
+                # (`items` of `need` on an array), though the `absent` branch keeps them valid.
                 present: Any = ({"required": [name, *need]} if key == "dependentRequired"
-                                else merge({"required": [name]}, need, self.inline))
+                                else merge({"type": "object", "required": [name]}, need,
+                                           self.inline))
                 rest = merge(rest, {"anyOf": [absent, present]}, self.inline)
                 if not isinstance(rest, dict):
                     return rest
@@ -1912,6 +1916,15 @@ def disjoint(a: Any, b: Any, defs: Mapping[str, Any], depth: int = 0) -> bool:
     va, vb = _values(a), _values(b)
     if va is not None and vb is not None and not va & vb:
         return True
+    if common == {"string"}:
+        # A pattern that is one literal string (`^success$`) against another, or against
+        # values: the only string it takes is not the other side's.
+        la, lb = _literal(a.get("pattern")), _literal(b.get("pattern"))
+        if la is not None and lb is not None and la != lb:
+            return True
+        for lit, values in ((la, vb), (lb, va)):
+            if lit is not None and values is not None and _key(lit) not in values:
+                return True
     if common == {"object"}:
         pa, pb = a.get("properties") or {}, b.get("properties") or {}
         req = set(a.get("required") or []) & set(b.get("required") or [])
@@ -1927,12 +1940,26 @@ def disjoint(a: Any, b: Any, defs: Mapping[str, Any], depth: int = 0) -> bool:
     return False
 
 
+def _literal(pattern: Any) -> str | None:
+    """The one string an anchored pattern of plain characters (``^abc$``) matches."""
+    if not isinstance(pattern, str) or not (
+            pattern.startswith("^") and pattern.endswith("$") and len(pattern) >= 2):
+        return None
+    body = pattern[1:-1]
+    return body if all(c.isalnum() or c in _PLAIN_PUNCTUATION for c in body) else None
+
+
+#: Characters that stand for themselves in a regex (outside a class), besides letters and
+#: digits.
+_PLAIN_PUNCTUATION = frozenset(" _-:,;=@#%&'\"<>/!~`")
+
+
 def _deref(s: Mapping[str, Any], defs: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for _ in range(8):
         ref = s.get("$ref")
         if not isinstance(ref, str):
             return s
-        if len(s) > 1 or not ref.startswith("#/$defs/"):
+        if not ref.startswith("#/$defs/") or (len(s) > 1 and s.keys() - _ANNOTATIONS - {"$ref"}):
             return None
         target = defs.get(ref[len("#/$defs/"):])
         if not isinstance(target, Mapping):
@@ -1974,7 +2001,7 @@ def unsound(schema: Any) -> list[str]:
         where = pointer or "/"
         branches = node.get("oneOf")
         if isinstance(branches, list):
-            context = {k: node[k] for k in ("type",) if k in node}
+            context = {k: node[k] for k in ("type", "required") if k in node}
             live = [merge_type(b, context, defs) for b in branches]
             for i in range(len(live)):
                 for j in range(i + 1, len(live)):
@@ -1996,10 +2023,11 @@ def unsound(schema: Any) -> list[str]:
 
 def merge_type(branch: Any, context: Mapping[str, Any],
                defs: Mapping[str, Any] | None = None) -> Any:
-    """``branch`` with the parent's ``type`` added (for the disjointness test). A branch that
-    is a ``$ref`` alone to one of ``defs`` is its target here, so that the types the parent
-    rules out are left out of an untyped target too (the branches of ``{"type": "object",
-    "oneOf": [{"$ref": ...}, ...]}`` need only be disjoint on objects)."""
+    """``branch`` with the parent's ``type`` and ``required`` added (for the disjointness
+    test: every instance meets them, so branches need only be disjoint where they hold). A
+    branch that is a ``$ref`` alone to one of ``defs`` is its target here, so that the types
+    the parent rules out are left out of an untyped target too (the branches of ``{"type":
+    "object", "oneOf": [{"$ref": ...}, ...]}`` need only be disjoint on objects)."""
     if not context or not isinstance(branch, Mapping):
         return branch
     target = _deref(branch, defs) if defs else branch

@@ -368,7 +368,7 @@ def test_each_rewrite_is_exact(chunk):
 
 # -- the disjointness proof behind every oneOf kept ------------------------------------------
 _ABSENT = object()  # a property left out of a candidate object
-VALUES = [None, 0, 1, "a", True]
+VALUES = [None, 0, 1, "a", "b", True]
 CANDIDATES = [*SCALARS, [], [0], {}] + [
     {name: value for name, value in zip(NAMES, combo) if value is not _ABSENT}
     for combo in itertools.product([_ABSENT, *VALUES], repeat=len(NAMES))]
@@ -378,7 +378,10 @@ def _branch():
     prop = st.one_of(st.booleans(), st.builds(lambda v: {"const": v}, st.sampled_from(VALUES)),
                      st.builds(lambda v: {"enum": v}, st.lists(st.sampled_from(VALUES),
                                                                min_size=1, max_size=2)),
-                     st.builds(lambda t: {"type": t}, st.sampled_from(TYPES)))
+                     st.builds(lambda t: {"type": t}, st.sampled_from(TYPES)),
+                     # literal patterns (one string each) and patterns that are not
+                     st.builds(lambda p: {"type": "string", "pattern": p}, st.sampled_from(
+                         ["^a$", "^b$", "^a", "b$", "^.$", "^a|b$", "^(a)$"])))
     return st.builds(
         lambda props, req, closed, typed: {
             **({"type": "object"} if typed else {}), "properties": props,
@@ -589,6 +592,19 @@ def test_unevaluated_beside_one_of_and_if_become_additional_keywords():
     assert not _valid(lower(if_then), {"foo": "then", "bar": "x", "baz": "y"})
     assert _valid(lower(if_then), {"foo": "else", "baz": "y"}) is False  # foo unevaluated
     assert _valid(lower(if_then), {"baz": "y"})
+
+
+def test_a_dependency_evaluates_nothing_on_other_instances():
+    # Found by test_unevaluated_beside_branches_is_exact: dependentSchemas applies its schema
+    # to objects holding the name only; lowered as `required` merged with it, its `items`
+    # evaluated an array's items too, so unevaluatedItems accepted [None].
+    schema = {"anyOf": [{"properties": {"a": {"type": "null"}}},
+                        {"dependentSchemas": {"a": {"items": {"type": "null"}}}}],
+              "unevaluatedItems": False}
+    for approximate in (False, True):
+        lowered = lower(schema, approximate=approximate)
+        for x in ([None], [], {"a": None}, {"a": 1}, {"b": [None]}, None, "s"):
+            assert _valid(lowered, x) == _valid(schema, x), (approximate, x, lowered)
 
 
 def test_enum_beside_keywords_with_refs_keeps_the_values_the_schema_accepts():
