@@ -29,7 +29,7 @@ from .xgrammar_patterns import (
     needs_escaped_character,
 )
 
-__all__ = ["XGRAMMAR_FORMATS", "length_pattern", "node_patterns", "strict_schema",
+__all__ = ["XGRAMMAR_FORMATS", "accepted_types", "length_pattern", "node_patterns", "strict_schema",
            "xgrammar_exact_strings", "xgrammar_open_schema", "xgrammar_strict_schema",
            "xgrammar_unsupported"]
 
