@@ -101,6 +101,13 @@ def mutations(instance: Any, limit: int) -> list[Any]:
     return out
 
 
+def _decided_valid(check: Any, instance: Any) -> bool:
+    try:
+        return bool(check.is_valid(instance))
+    except Exception:  # noqa: BLE001 - the validator cannot decide (a $ref cycle)
+        return False
+
+
 def validator(schema: Any) -> Any:
     """The ``jsonschema`` validator of ``schema``'s draft (2020-12 without ``$schema``), with
     formats asserted and ``multipleOf`` decided on the numbers as written (decimal), as the
@@ -154,7 +161,8 @@ def probe_engine(records: Sequence[dict[str, Any]], info: TokenizerInfo, engine:
                 spec = GrammarSpec.json_schema(rec["schema"], strict=strict)
                 rt.compile(spec)
                 check = validator(strict_schema(rec["schema"]) if strict else rec["schema"])
-                valid = [v for v in valid if check.is_valid(v)]
+                if strict:  # (the strict variant rejects some of the valid instances)
+                    valid = [v for v in valid if _decided_valid(check, v)]
             except (GrammarCompileError, GrammarSpecError, TypeError):
                 continue
             except Exception:  # noqa: BLE001, S112 - a schema the validator cannot read
