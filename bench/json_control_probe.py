@@ -13,15 +13,13 @@ valid instance is tried with each break put into each of its first ``--strings``
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
 import json
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from portable_guided.harness.maskbench import load_records, machine_note
+from portable_guided.harness.maskbench import load_records, write_results
 from portable_guided.runtime import GrammarSpec, load_tokenizer_info
 
 FILES = "../shared/data/maskbench/*.jsonl"
@@ -132,11 +130,8 @@ def main() -> int:
                         "seconds": round(time.perf_counter() - t0, 1)}
         print(name, {k: v for k, v in result[name].items() if k != "accepted"}, flush=True)
     if args.out:
-        out = {"command": " ".join(["python", *sys.argv]),
-               "date": datetime.date.today().isoformat(), "machine": machine_note(),
-               "tokenizer": "deepseek", "schemas": len(records), "engines": result}
-        with open(args.out, "w", encoding="utf-8") as fh:
-            json.dump(out, fh, indent=1)
+        write_results(args.out, {"tokenizer": "deepseek", "schemas": len(records),
+                                 "engines": result})
     return 0
 
 

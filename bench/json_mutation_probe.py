@@ -15,15 +15,13 @@ first ``--seeds`` valid instances changed.
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from portable_guided.harness.maskbench import load_records, machine_note
+from portable_guided.harness.maskbench import load_records, write_results
 from portable_guided.harness.mutation import probe_engine
 from portable_guided.runtime import load_tokenizer_info
 
@@ -71,11 +69,8 @@ def main() -> int:
         for r in bad:
             print("  ", r["id"], r["accepted_invalid"][:3], flush=True)
     if args.out:
-        out = {"command": " ".join(["python", *sys.argv]),
-               "date": datetime.date.today().isoformat(), "machine": machine_note(),
-               "tokenizer": "deepseek", "schemas": len(records), "engines": result}
-        with open(args.out, "w", encoding="utf-8") as fh:
-            json.dump(out, fh, indent=1)
+        write_results(args.out, {"tokenizer": "deepseek", "schemas": len(records),
+                                 "engines": result})
     return 0
 
 

@@ -34,7 +34,7 @@ from ..runtime.specs import GrammarSpec
 from ..runtime.tokenizer_info import TokenizerInfo
 from ..runtime.worker import WorkerPool
 
-__all__ = ["MODES", "load_records", "run_mode", "summarize", "summary_table"]
+__all__ = ["MODES", "load_records", "run_mode", "summarize", "summary_table", "write_results"]
 
 MODES = ("runtime:xgrammar", "runtime:llguidance", "runtime:auto", "raw:xgrammar",
          "raw:llguidance")
@@ -237,6 +237,18 @@ def summarize(per_schema: list[dict[str, Any]], compile_times: list[float],
         "mask_us_p99": _pct(mask_times, 99) * 1e6,
         "tokens": len(mask_times),
     }
+
+
+def write_results(path: str, payload: dict[str, Any]) -> None:
+    """Write a bench's results to ``path`` as JSON: its command line, the date and
+    :func:`machine_note`, then ``payload``."""
+    import datetime
+    import sys
+
+    out = {"command": " ".join(["python", *sys.argv]),
+           "date": datetime.date.today().isoformat(), "machine": machine_note(), **payload}
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(out, fh, indent=1)
 
 
 def machine_note() -> dict[str, Any]:
