@@ -36,7 +36,8 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["engine_schema_text", "lower", "refuse_unsatisfiable", "unsound", "xgrammar_escapes"]
+__all__ = ["engine_schema_text", "lower", "refuse_unsatisfiable", "unsound", "value_types",
+           "xgrammar_escapes"]
 
 _log = logging.getLogger(__name__)
 
@@ -1040,10 +1041,12 @@ class _Lowerer:
         branch_count: dict[str, int] = {}
         first: dict[str, Any] = {}
         for values in listed:
-            for key in {_key(v) for v in values}:  # (a value listed twice in one branch)
-                branch_count[key] = branch_count.get(key, 0) + 1
+            distinct: dict[str, Any] = {}  # (a value listed twice in a branch counts once)
             for v in values:
-                first.setdefault(_key(v), v)
+                distinct.setdefault(_key(v), v)
+            for key, v in distinct.items():
+                branch_count[key] = branch_count.get(key, 0) + 1
+                first.setdefault(key, v)
         kept = [v for k, v in first.items() if branch_count[k] == 1]
         if not kept:
             return False
@@ -1873,6 +1876,15 @@ def _value_types(s: Mapping[str, Any], defs: Mapping[str, Any] | None = None,
     return out
 
 
+def value_types(s: Any, defs: Mapping[str, Any]) -> set[str] | None:
+    """The instance types ``s`` can accept (numbers as ``"integer"`` and ``"fraction"``),
+    a ``$ref`` to ``defs`` followed; None when any type may be (a sound over-approximation)."""
+    if s is False:
+        return set()
+    target = _deref(s, defs) if isinstance(s, Mapping) else None
+    return None if target is None else _value_types(target, defs)
+
+
 def _values(s: Mapping[str, Any]) -> set[str] | None:
     if isinstance(s.get("enum"), list):
         return {_key(v) for v in s["enum"]}
@@ -2021,8 +2033,7 @@ def unsound(schema: Any) -> list[str]:
     return found
 
 
-def merge_type(branch: Any, context: Mapping[str, Any],
-               defs: Mapping[str, Any] | None = None) -> Any:
+def merge_type(branch: Any, context: Mapping[str, Any], defs: Mapping[str, Any]) -> Any:
     """``branch`` with the parent's ``type`` and ``required`` added (for the disjointness
     test: every instance meets them, so branches need only be disjoint where they hold). A
     branch that is a ``$ref`` alone to one of ``defs`` is its target here, so that the types
@@ -2030,10 +2041,9 @@ def merge_type(branch: Any, context: Mapping[str, Any],
     "object", "oneOf": [{"$ref": ...}, ...]}`` need only be disjoint on objects)."""
     if not context or not isinstance(branch, Mapping):
         return branch
-    target = _deref(branch, defs) if defs else branch
+    target = _deref(branch, defs)
     try:
-        return merge(dict(target if target is not None else branch), dict(context),
-                     _no_inline)
+        return merge(dict(branch if target is None else target), dict(context), _no_inline)
     except _NotExact:
         return branch
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from .json_lowering import value_types
 from .xgrammar_patterns import (
     LARGEST_JSON_REPEAT,
     exact_pattern,
@@ -29,7 +30,7 @@ from .xgrammar_patterns import (
     needs_escaped_character,
 )
 
-__all__ = ["XGRAMMAR_FORMATS", "accepted_types", "length_pattern", "node_patterns", "strict_schema",
+__all__ = ["XGRAMMAR_FORMATS", "length_pattern", "node_patterns", "strict_schema",
            "xgrammar_exact_strings", "xgrammar_open_schema", "xgrammar_strict_schema",
            "xgrammar_unsupported"]
 
@@ -131,76 +132,27 @@ def _xgrammar_type_beside(node: Mapping[str, Any], types: list[Any],
     # xgrammar 0.2.8 ignores `type` beside anyOf, oneOf and $ref (it compiles the branches
     # or the target alone): {"type": "object", "anyOf": [{"type": "integer"}, ...]} accepts
     # 3. Harmless where every branch accepts only types the `type` allows.
+    defs = root.get("$defs") if isinstance(root, Mapping) else None
+    defs = defs if isinstance(defs, Mapping) else {}
     for key in ("anyOf", "oneOf"):
         branches = node.get(key)
         if isinstance(branches, list):
             for i, branch in enumerate(branches):
-                if not _types_within(accepted_types(branch, root), types):
+                if not _types_within(value_types(branch, defs), types):
                     yield (f"{key} beside type: xgrammar ignores the type, and branch {i} "
                            "may accept other types")
                     break
-    if "$ref" in node and not _types_within(accepted_types({"$ref": node["$ref"]}, root),
-                                            types):
+    if "$ref" in node and not _types_within(value_types({"$ref": node["$ref"]}, defs), types):
         yield "$ref beside type: xgrammar ignores the type, and the target may accept others"
 
 
-def _types_within(accepted: set[str] | None, types: list[Any]) -> bool:
-    if accepted is None:
+def _types_within(kinds: set[str] | None, types: list[Any]) -> bool:
+    """Whether ``kinds`` (:func:`json_lowering.value_types`: numbers as integer and
+    fraction) all fall within the declared ``types``."""
+    if kinds is None:
         return False
-    return all(t in types or (t == "integer" and "number" in types) for t in accepted)
-
-
-def accepted_types(schema: Any, root: Any, depth: int = 0) -> set[str] | None:
-    """The JSON types (``"integer"`` apart from ``"number"``) an instance valid under
-    ``schema`` may have, read from ``type``, ``enum``/``const``, ``anyOf``/``oneOf``
-    branches and ``$ref``s to ``root``'s ``$defs``; None where any type may be (a sound
-    over-approximation: the instance's type is always in the set)."""
-    if schema is False:
-        return set()
-    if not isinstance(schema, Mapping) or depth > 8:
-        return None
-    found: set[str] | None = None
-
-    def meet(kinds: set[str] | None) -> None:
-        nonlocal found
-        if kinds is not None:
-            found = kinds if found is None else _meet(found, kinds)
-
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        meet({kind})
-    elif isinstance(kind, list) and all(isinstance(k, str) for k in kind):
-        meet(set(kind))
-    values = schema["enum"] if isinstance(schema.get("enum"), list) else (
-        [schema["const"]] if "const" in schema else None)
-    if values is not None:
-        meet({_JSON_TYPES.get(type(v), "object") for v in values})
-    for key in ("anyOf", "oneOf"):
-        branches = schema.get(key)
-        if isinstance(branches, list):
-            union: set[str] = set()
-            for branch in branches:
-                kinds = accepted_types(branch, root, depth + 1)
-                if kinds is None:
-                    break
-                union |= kinds
-            else:
-                meet(union)
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#/$defs/") and isinstance(root, Mapping):
-        defs = root.get("$defs")
-        name = ref[len("#/$defs/"):]
-        if isinstance(defs, Mapping) and "/" not in name and "~" not in name and name in defs:
-            meet(accepted_types(defs[name], root, depth + 1))
-    return found
-
-
-def _meet(a: set[str], b: set[str]) -> set[str]:
-    """The types in both sets (an integer is a number)."""
-    out = a & b
-    if "integer" in a and "number" in b or "integer" in b and "number" in a:
-        out.add("integer")
-    return out
+    allowed = {*types, *(("integer", "fraction") if "number" in types else ())}
+    return kinds <= allowed
 
 
 def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterator[str]:
