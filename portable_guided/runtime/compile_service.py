@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 #: refused; 9: long length bounds as xgrammar's rule corrected, structural-tag schemas
 #: prepared as json_schema specs are; 10: `type` beside anyOf/oneOf/$ref refused on xgrammar
 #: (a cached grammar would keep accepting other types), oneOf of value lists as one enum.
-RUNTIME_CACHE_VERSION = "10"
+RUNTIME_CACHE_VERSION = "11"
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
 #: receiving the worker's serialized grammar. Kept at 0.1 s by measurement (xgrammar 0.2.8,

@@ -19,6 +19,7 @@ compiles it:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -30,7 +31,7 @@ from .xgrammar_patterns import (
     needs_escaped_character,
 )
 
-__all__ = ["XGRAMMAR_FORMATS", "length_pattern", "node_patterns", "strict_schema",
+__all__ = ["XGRAMMAR_FORMATS", "length_pattern", "llguidance_unsupported", "map_schemas", "node_patterns", "strict_schema",
            "xgrammar_exact_strings", "xgrammar_open_schema", "xgrammar_strict_schema",
            "xgrammar_unsupported"]
 
@@ -127,6 +128,47 @@ def xgrammar_unsupported(schema: Any) -> list[str]:
     return found
 
 
+def llguidance_unsupported(schema: Any, text: str) -> list[str]:
+    """Why llguidance would not enforce ``schema`` (whose JSON text is ``text``) exactly:
+    ``"<pointer>: <reason>"`` lines, empty when it can.
+
+    llguidance 1.x builds a ``number`` range within one integer from an integer lower bound
+    as ``L(.fraction)?`` whatever the bound's exclusivity (``rx_float_range``), so it accepts
+    ``0`` for ``exclusiveMinimum: 0, maximum: 0.5``. It reaches that form for
+    ``exclusiveMinimum: L`` (L >= 0 an integer) with an upper bound below L + 1, for
+    ``exclusiveMaximum: -H`` (H an integer) with a lower bound above -H - 1 (it accepts
+    ``-H``), and for ``exclusiveMaximum: 0`` with a lower bound in (-1, 0) (``-0``)."""
+    if '"exclusiveM' not in text:
+        return []
+    found = []
+    for pointer, node in iter_schemas(schema):
+        types = node.get("type", "number")
+        if not (types == "number" or isinstance(types, list) and "number" in types):
+            continue
+        lows = [(node[k], k == "exclusiveMinimum") for k in ("minimum", "exclusiveMinimum")
+                if _is_number(node.get(k))]
+        highs = [(node[k], k == "exclusiveMaximum") for k in ("maximum", "exclusiveMaximum")
+                 if _is_number(node.get(k))]
+        # (every pair: which of two lower bounds llguidance keeps is its own business)
+        if any(_llguidance_range_hole(low, high) for low in lows for high in highs):
+            found.append(f"{pointer or '/'}: this number range is built inexactly by "
+                         "llguidance (it accepts the excluded integer bound)")
+    return found
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _llguidance_range_hole(low: tuple[float, bool], high: tuple[float, bool]) -> bool:
+    (lo, lo_exclusive), (hi, hi_exclusive) = low, high
+    if lo_exclusive and lo >= 0 and float(lo).is_integer() and lo < hi < lo + 1:
+        return True
+    if hi_exclusive and hi < 0 and float(hi).is_integer() and hi - 1 < lo < hi:
+        return True
+    return hi_exclusive and hi == 0 and -1 < lo < 0
+
+
 def _xgrammar_type_beside(node: Mapping[str, Any], types: list[Any],
                           root: Any) -> Iterator[str]:
     # xgrammar 0.2.8 ignores `type` beside anyOf, oneOf and $ref (it compiles the branches
@@ -219,6 +261,17 @@ def _children_mapped(schema: Mapping[str, Any], fn: Any) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def map_schemas(schema: Any, fn: Any) -> Any:
+    """``schema`` with ``fn`` applied to every subschema object, innermost first (``fn``
+    returns the node or its replacement; values of ``enum``, ``const``, ``default`` and
+    ``examples`` are data, left alone). Unchanged parts are copied."""
+    if isinstance(schema, list):
+        return [map_schemas(s, fn) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    return fn(_children_mapped(schema, lambda child: map_schemas(child, fn)))
 
 
 def _is_object(s: Mapping[str, Any]) -> bool:

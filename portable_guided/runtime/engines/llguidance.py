@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..json_lowering import engine_schema_text, refuse_unsatisfiable, unsound
+from ..json_semantics import llguidance_unsupported
 from ..specs import GrammarSpec
 from .base import EmptyLanguage, Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
 
@@ -311,7 +312,8 @@ def _checked_schema_text(spec: GrammarSpec) -> str:
     schema no value satisfies."""
     text = engine_schema_text(spec.engine_schema_text())
     refuse_unsatisfiable(text)
-    problems = unsound(json.loads(text))
+    schema = json.loads(text)
+    problems = [*unsound(schema), *llguidance_unsupported(schema, text)]
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise UnsupportedSpec("; ".join(problems[:3]) + more)

@@ -1,0 +1,347 @@
+"""Exact number ranges for xgrammar.
+
+xgrammar 0.2.8 builds a ``number`` with ``minimum``/``maximum`` from at most 6 fraction digits
+(``{0,5}``/``{1,6}`` repeats in its grammar), so ``0.1234567`` is refused under ``maximum: 1``
+although the schema allows it (MaskBench o3914, o45806: the engines disagreed). Here the range
+is written as our own grammar, exact for every decimal in plain notation (``-?int(.frac)?``,
+any number of digits; no exponent, as llguidance's ranges), and put in place of xgrammar's:
+
+1. :func:`number_placeholders` replaces each such ``number`` schema by a ``const`` string
+   that cannot occur in the schema (xgrammar writes a const as one quoted literal);
+2. xgrammar writes the grammar of that schema (``Grammar.from_json_schema``);
+3. :func:`substitute_numbers` puts a rule of :func:`range_rules` in place of each literal.
+
+Bounds are compared as the decimals written in the schema (``0.1`` is one tenth), as JSON
+Schema defines them, not as binary floats.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from .engines.base import UnsupportedSpec
+from .json_semantics import ANNOTATIONS, map_schemas
+
+__all__ = ["number_placeholders", "range_rules", "substitute_numbers"]
+
+_LOWER = {"minimum": False, "exclusiveMinimum": True}
+_UPPER = {"maximum": False, "exclusiveMaximum": True}
+_PLACEHOLDER = "pg-exact-number-"
+
+#: A bound: the decimal and whether it is exclusive.
+Bound = tuple[Decimal, bool]
+
+
+def _tightest(node: Mapping[str, Any], keys: Mapping[str, bool], lower: bool) -> Bound | None:
+    best: Bound | None = None
+    for key, strict in keys.items():
+        if key not in node:
+            continue
+        value = Decimal(repr(node[key]))  # the shortest text of the float: what was written
+        if best is None or (value > best[0] if lower else value < best[0]) or (
+                value == best[0] and strict):
+            best = (value, strict)
+    return best
+
+
+def _range(node: Mapping[str, Any]) -> tuple[Bound | None, Bound | None] | None:
+    """The bounds of a schema that holds only a type including ``number``, bounds and
+    annotations (its numbers are exactly the range), else ``None``."""
+    types = node.get("type")
+    if not (types == "number" or isinstance(types, list) and "number" in types
+            and "integer" not in types) or not (_LOWER.keys() | _UPPER.keys()) & node.keys():
+        return None
+    for key, value in node.items():
+        if key in _LOWER or key in _UPPER:
+            if type(value) not in (int, float) or not math.isfinite(value):
+                return None
+        elif key != "type" and key not in ANNOTATIONS:
+            return None
+    return _tightest(node, _LOWER, True), _tightest(node, _UPPER, False)
+
+
+def number_placeholders(text: str, rules: dict[str, str]) -> str:
+    """The schema ``text`` with each ranged ``number`` schema replaced by a placeholder
+    ``const``; the rules that replace each placeholder's literal in xgrammar's grammar are
+    added to ``rules`` (``{literal: rules}``). ``text`` itself when there is none, or when
+    the placeholder text occurs in the schema (then xgrammar's own range stays)."""
+    if '"minimum"' not in text and '"maximum"' not in text and '"exclusiveM' not in text:
+        return text
+    if _PLACEHOLDER in text:
+        return text
+    added = 0
+
+    def replace(node: Mapping[str, Any]) -> Any:
+        nonlocal added
+        bounds = _range(node)
+        if bounds is None:
+            return node
+        index = len(rules)
+        placeholder = f"{_PLACEHOLDER}{index}"
+        try:
+            rules[json.dumps(json.dumps(placeholder))] = range_rules(f"pg_number_{index}",
+                                                                     *bounds)
+        except UnsupportedSpec:
+            return node  # an empty range (in a branch, say) is empty in xgrammar's too
+        added += 1
+        others = [t for t in node["type"] if t != "number"] if node["type"] != "number" else []
+        # (the other types take no bound: a type list stays as a branch beside)
+        return {"anyOf": [{"const": placeholder}, {"type": others}]} if others else {
+            "const": placeholder}
+
+    out = map_schemas(json.loads(text), replace)
+    return json.dumps(out) if added else text
+
+
+def substitute_numbers(ebnf: str, rules: Mapping[str, str]) -> str:
+    """xgrammar's grammar text with each placeholder literal replaced by its range rule (a
+    literal may be absent: xgrammar writes no rule for a definition nothing refers to).
+    Raises :class:`UnsupportedSpec` when a placeholder is left in another form (xgrammar
+    wrote the const in a way not foreseen: refused, not guessed)."""
+    added = []
+    for literal, rule_text in rules.items():
+        if literal in ebnf:
+            ebnf = ebnf.replace(literal, rule_text.split(" ", 1)[0])
+            added.append(rule_text)
+    if _PLACEHOLDER in ebnf:
+        raise UnsupportedSpec("xgrammar wrote a number range placeholder in a form not "
+                              "foreseen")
+    return ebnf.rstrip("\n") + "\n" + "\n".join(added) + "\n"
+
+
+def range_rules(name: str, low: Bound | None, high: Bound | None) -> str:
+    """EBNF rules (the first named ``name``) for the JSON numbers in plain notation
+    (``-?(0|[1-9][0-9]*)(.[0-9]+)?``) from ``low`` to ``high`` (``None``: unbounded), each
+    ``(decimal, exclusive)``. ``-0`` counts as 0. Raises :class:`UnsupportedSpec` for an
+    empty range."""
+    g = _Grammar(name)
+    parts = []
+    # Non-negative numbers: magnitudes from max(low, 0) up to high.
+    if high is None or high[0] >= 0:
+        start = low if low is not None and low[0] >= 0 else (Decimal(0), False)
+        parts += g.magnitudes(start, high)
+    # Negative numbers (and -0): "-" then magnitudes from max(-high, 0) up to -low.
+    if low is None or low[0] <= 0:
+        start = (-high[0], high[1]) if high is not None and high[0] <= 0 else (Decimal(0), False)
+        end = None if low is None else (-low[0], low[1])
+        parts += [f'"-" {p}' for p in g.magnitudes(start, end)]
+    if not parts:
+        raise UnsupportedSpec(f"number range {low}..{high} holds no number")
+    return g.text(parts)
+
+
+_DIGITS = "0123456789"
+#: A fraction's bound: its digits (trailing zeros dropped) and whether it is exclusive.
+_FracBound = tuple[str, bool]
+
+
+def _split(value: Decimal) -> tuple[int, str]:
+    """A non-negative decimal as (integer part, fraction digits without trailing zeros)."""
+    whole, _, frac = format(value, "f").partition(".")
+    return int(whole), frac.rstrip("0")
+
+
+def _digit_class(digits: list[str]) -> str:
+    if len(digits) == 1:
+        return f'"{digits[0]}"'
+    lo, hi = digits[0], digits[-1]
+    if len(digits) == ord(hi) - ord(lo) + 1:
+        return f"[{lo}-{hi}]"
+    return "[" + "".join(digits) + "]"
+
+
+class _Grammar:
+    """Rules interned by body: the same sub-language is one rule."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rules: dict[str, str] = {}  # body -> rule name
+        self.frac_rules: dict[tuple[Any, Any], str] = {}  # fraction state -> rule name
+        self.frac_bodies: list[tuple[str, str]] = []
+
+    def rule(self, body: str) -> str:
+        if body not in self.rules:
+            self.rules[body] = f"{self.name}_{len(self.rules) + 1}"
+        return self.rules[body]
+
+    def text(self, parts: list[str]) -> str:
+        lines = [f"{self.name} ::= " + " | ".join(f"({p})" for p in parts)]
+        lines += [f"{rule} ::= {body}" for body, rule in self.rules.items()]
+        lines += [f"{rule} ::= {body}" for rule, body in self.frac_bodies]
+        return "\n".join(lines)
+
+    # -- magnitudes: an integer part, then an optional fraction ---------------------------
+
+    def magnitudes(self, low: Bound, high: Bound | None) -> list[str]:
+        """Alternatives for the non-negative numbers from ``low`` to ``high``."""
+        a, alpha = _split(low[0])
+        lo_frac: _FracBound = (alpha, low[1])
+        if high is None:
+            b, hi_frac = None, None
+        else:
+            b, beta = _split(high[0])
+            hi_frac = (beta, high[1])
+            if b < a:
+                return []
+        out = []
+        if b == a:
+            out += self._with_fraction(str(a), lo_frac, hi_frac)
+        else:
+            out += self._with_fraction(str(a), lo_frac, None)
+            if b is None or b - a >= 2:
+                free = self.rule(_any_fraction())
+                out += [f"{i} {free}" for i in self._integers(a + 1, None if b is None else b - 1)]
+            if b is not None:
+                out += self._with_fraction(str(b), None, hi_frac)
+        return out
+
+    def _with_fraction(self, whole: str, low: _FracBound | None,
+                       high: _FracBound | None) -> list[str]:
+        frac = self._fraction(low, high)
+        if frac is None:
+            return []
+        empty_ok = _empty_fraction_ok(low, high)
+        alternatives = ([""] if empty_ok else []) + [f'"." {frac}']
+        return [f'"{whole}" ' + self.rule(" | ".join(f"({x})" if x else '""'
+                                                     for x in alternatives))]
+
+    def _integers(self, lo: int, hi: int | None) -> list[str]:
+        """Alternatives for the integers ``lo``..``hi`` (``None``: unbounded) without
+        leading zeros."""
+        p = str(lo)
+        if hi is not None and len(str(hi)) == len(p):
+            return [self._same_length(p, str(hi))]
+        out = [self._same_length(p, "9" * len(p))]
+        if hi is None:
+            out.append(f"[1-9] [0-9]{{{len(p)}, -1}}")
+            return out
+        q = str(hi)
+        if len(q) - len(p) >= 2:
+            out.append(f"[1-9] [0-9]{{{len(p)}, {len(q) - 2}}}")
+        out.append(self._same_length("1" + "0" * (len(q) - 1), q))
+        return out
+
+    def _same_length(self, p: str, q: str) -> str:
+        """Digit strings of ``len(p)`` from ``p`` to ``q`` (``p <= q``, same length)."""
+        if not p:
+            return '""'
+        if p[0] == q[0]:
+            return f'"{p[0]}" ' + self._same_length(p[1:], q[1:])
+        rest = len(p) - 1
+        alts = []
+        first, last = int(p[0]), int(q[0])
+        if p[1:] != "0" * rest:  # p's first digit only with the rest at least p's
+            alts.append(f'"{p[0]}" ' + self._same_length(p[1:], "9" * rest))
+            first += 1
+        if q[1:] != "9" * rest:
+            alts.append(f'"{q[0]}" ' + self._same_length("0" * rest, q[1:]))
+            last -= 1
+        if first <= last:  # every rest
+            alts.append(_digit_class(list(_DIGITS[first:last + 1])) + _repeat(rest))
+        return self.rule(" | ".join(f"({a})" for a in alts))
+
+    # -- fractions: digit strings 0.s between two bounds ----------------------------------
+
+    def _fraction(self, low: _FracBound | None, high: _FracBound | None) -> str | None:
+        """A rule for the non-empty digit strings ``s`` with ``0.s`` within the bounds,
+        or ``None`` when there is none."""
+        live = _live_states(low, high)
+        if (low, high) not in live:
+            return None
+        return self._fraction_rule(low, high, live)
+
+    def _fraction_rule(self, low: _FracBound | None, high: _FracBound | None,
+                       live: set[tuple[Any, Any]]) -> str:
+        key = (low, high)
+        if key in self.frac_rules:
+            return self.frac_rules[key]
+        if low is None and high is None:
+            return "[0-9]+"
+        # A state may lead back to itself ("0" under a strict lower bound of 0): name the
+        # rule before its body refers to it.
+        name = f"{self.name}_f{len(self.frac_rules) + 1}"
+        self.frac_rules[key] = name
+        groups: dict[tuple[Any, Any], list[str]] = {}
+        for d in _DIGITS:
+            nxt = _step(low, high, d)
+            if nxt is not None and nxt in live:
+                groups.setdefault(nxt, []).append(d)
+        alts = []
+        for (lo2, hi2), digits in groups.items():
+            head = _digit_class(digits)
+            if lo2 is None and hi2 is None:
+                alts.append(f"{head} [0-9]*")
+                continue
+            rest = self._fraction_rule(lo2, hi2, live)
+            alts.append(f"{head} {rest}")
+            if _empty_fraction_ok(lo2, hi2):
+                alts.append(head)
+        self.frac_bodies.append((name, " | ".join(f"({a})" for a in alts)))
+        return name
+
+
+def _any_fraction() -> str:
+    return '"" | ("." [0-9]+)'
+
+
+def _repeat(n: int) -> str:
+    return "" if n == 0 else f" [0-9]{{{n}}}"
+
+
+def _empty_fraction_ok(low: _FracBound | None, high: _FracBound | None) -> bool:
+    """Whether no fraction (0.0) lies within the bounds."""
+    return (low is None or low == ("", False)) and (high is None or high[0] != "" or not high[1])
+
+
+def _step(low: _FracBound | None, high: _FracBound | None, d: str) -> tuple[Any, Any] | None:
+    """The bounds left for the rest of the digits after ``d`` (``None``: out of range)."""
+    if low is not None:
+        digits, strict = low
+        if not digits:
+            low = None if not strict or d != "0" else low
+        elif d > digits[0]:
+            low = None
+        elif d == digits[0]:
+            low = (digits[1:], strict)
+        else:
+            return None
+    if high is not None:
+        digits, strict = high
+        if not digits:
+            if strict or d != "0":
+                return None
+        elif d < digits[0]:
+            high = None
+        elif d == digits[0]:
+            high = (digits[1:], strict)
+        else:
+            return None
+    return low, high
+
+
+def _live_states(low: _FracBound | None, high: _FracBound | None) -> set[tuple[Any, Any]]:
+    """The states (bounds left) reachable from ``(low, high)`` that some non-empty digit
+    string satisfies."""
+    seen: dict[tuple[Any, Any], list[tuple[Any, Any]]] = {}
+    todo = [(low, high)]
+    while todo:
+        state = todo.pop()
+        if state in seen:
+            continue
+        nexts = [n for d in _DIGITS if (n := _step(*state, d)) is not None]
+        seen[state] = nexts
+        todo += nexts
+    live = {s for s, nexts in seen.items() if any(_empty_fraction_ok(*n) for n in nexts)}
+    changed = True
+    while changed:
+        changed = False
+        for s, nexts in seen.items():
+            if s not in live and any(n in live for n in nexts):
+                live.add(s)
+                changed = True
+    return live
+

@@ -1,0 +1,186 @@
+"""Number ranges: our xgrammar rules (``xgrammar_numbers``) against exact decimal
+comparison; xgrammar deciding ranged numbers as the ``jsonschema`` validator does where its
+own ranges stop at 6 fraction digits (MaskBench o3914, o45806); llguidance refusing the ranges
+it builds too wide (``json_semantics.llguidance_unsupported``)."""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+
+import pytest
+
+from portable_guided.runtime import GrammarSpec
+from portable_guided.runtime.engines.base import UnsupportedSpec
+from portable_guided.runtime.json_semantics import llguidance_unsupported
+from portable_guided.runtime.xgrammar_numbers import range_rules, substitute_numbers
+
+xgr = pytest.importorskip("xgrammar")
+jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("hypothesis")
+st = pytest.importorskip("hypothesis.strategies")
+from hypothesis import HealthCheck, given, settings
+from xgrammar.testing import _is_grammar_accept_string
+
+_PLAIN_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?\Z")
+
+
+def _in_range(text: str, low, high) -> bool:
+    """The reference: plain JSON number syntax, then exact decimal comparison."""
+    if not _PLAIN_NUMBER.match(text):
+        return False
+    value = Decimal(text)
+    if low is not None and not (value > low[0] if low[1] else value >= low[0]):
+        return False
+    return high is None or (value < high[0] if high[1] else value <= high[0])
+
+
+_decimals = st.builds(lambda n, e: Decimal(n).scaleb(-e),
+                      st.integers(-10**7, 10**7), st.integers(0, 8))
+_bounds = st.none() | st.tuples(_decimals, st.booleans())
+# Number-like texts: a sign, a whole part (sometimes with a leading zero, not JSON), an
+# optional fraction of up to 10 digits (sometimes empty: "1.", not JSON).
+_texts = st.builds(
+    lambda sign, zero, whole, frac: sign + ("0" if zero else "") + str(whole) + frac,
+    st.sampled_from(["", "-"]), st.booleans(), st.integers(0, 10**8),
+    st.just("") | st.text("0123456789", max_size=10).map(lambda d: "." + d))
+
+
+def _near(bound) -> list[str]:
+    """Texts at and just around a bound (where a wrong rule shows first)."""
+    if bound is None:
+        return []
+    plain = format(bound[0], "f")
+    unsigned = plain.lstrip("-")
+    out = [plain, plain + ("0" if "." in plain else ".0"), plain + ("1" if "." in plain
+                                                                    else ".0000001"),
+           "-" + unsigned, unsigned]
+    whole, _, frac = unsigned.partition(".")
+    if frac:
+        out.append(("-" if plain.startswith("-") else "") + whole + "." + frac[:-1])
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(low=_bounds, high=_bounds, texts=st.lists(_texts, min_size=5, max_size=15))
+def test_range_rules_decide_as_decimal_comparison(low, high, texts):
+    try:
+        rules = range_rules("root", low, high)
+    except UnsupportedSpec:
+        assert low is not None and high is not None and (
+            low[0] > high[0] or low[0] == high[0] and (low[1] or high[1])), (low, high)
+        return
+    grammar = xgr.Grammar.from_ebnf(rules)
+    for text in [*texts, *_near(low), *_near(high), "0", "-0", "-0.0", "1e2", "01", "1."]:
+        assert _is_grammar_accept_string(grammar, text) == _in_range(text, low, high), (
+            low, high, text)
+
+
+def test_a_placeholder_in_an_unforeseen_form_refuses():
+    rules = {json.dumps('"pg-exact-number-0"'): 'pg_number_0 ::= "0"'}
+    assert "pg_number_0" in substitute_numbers('root ::= "\\"pg-exact-number-0\\""', rules)
+    with pytest.raises(UnsupportedSpec, match="not foreseen"):
+        substitute_numbers('root ::= "pg-exact-number-0"', rules)
+
+
+# (schema, texts): MaskBench o3914/o45806's shapes and the forms around them.
+RANGES = [
+    ({"type": "number", "minimum": 0, "maximum": 1},
+     ["0.1234567", "0.0000001", "0.00000012", "1", "1.0000000", "1.0000001", "-0.1", "0",
+      "-0", "-0.0"]),
+    ({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 0.5, "title": "t"},
+     ["0.4999999999", "0.5", "0", "0.0", "0.000000001", "0.25"]),
+    ({"type": "number", "minimum": -180.0, "maximum": 180.0},
+     ["-179.12345678", "180.00000001", "-180", "12.3456789012"]),
+    ({"type": ["number", "null"], "minimum": 0.1},
+     ["null", "0.10000001", "0.09999999", "12345678.123456789"]),
+    ({"type": "number", "minimum": -2.5, "exclusiveMaximum": -2},
+     ["-2", "-2.0000001", "-2.5", "-2.5000001", "-1.9"]),
+    ({"type": "object", "properties": {"lat": {"type": "number", "minimum": -90,
+                                               "maximum": 90}},
+      "required": ["lat"], "additionalProperties": False},
+     ['{"lat": 45.123456789}', '{"lat": 90.0000001}', '{"lat": -90}']),
+    ({"type": "array", "items": {"type": "number", "minimum": 2.5}},
+     ["[2.5000001, 3]", "[2.4999999]", "[]"]),
+]
+
+
+def _decide(rt, schema, text: str) -> bool | None:
+    req = rt.new_request(GrammarSpec.json_schema(schema), on_error="reject").wait(60)
+    if req.failed:
+        return None
+    ids = rt.info.encode(text)
+    return req.accept_tokens(ids) == len(ids) and req.accept(rt.info.stop_token_ids[0])
+
+
+@pytest.mark.parametrize("index", range(len(RANGES)))
+def test_ranged_numbers_decide_as_json_schema(index, runtimes):
+    schema, texts = RANGES[index]
+    check = jsonschema.Draft202012Validator(schema)
+    for text in texts:
+        expected = check.is_valid(json.loads(text))
+        assert _decide(runtimes["xgrammar"], schema, text) == expected, (schema, text)
+        # llguidance (auto's first choice) refuses or decides the same, but where it is
+        # narrower: it never takes "-0" in a range
+        narrower = text in ("-0", "-0.0")
+        for engine in ("llguidance", "auto"):
+            decided = _decide(runtimes[engine], schema, text)
+            assert decided in ((None, False) if narrower else (None, expected)), (
+                engine, schema, text, decided)
+
+
+# Ranges llguidance builds one value too wide: (schema, the excluded value it accepts).
+LLGUIDANCE_HOLES = [
+    ({"type": "number", "exclusiveMinimum": 0, "maximum": 0.5}, "0"),
+    ({"type": "number", "exclusiveMinimum": 1, "exclusiveMaximum": 1.065}, "1"),
+    ({"type": "number", "minimum": -2.5, "exclusiveMaximum": -2}, "-2"),
+    ({"type": "number", "minimum": -0.4, "exclusiveMaximum": 0}, "-0"),
+]
+
+
+@pytest.mark.parametrize("index", range(len(LLGUIDANCE_HOLES)))
+def test_llguidance_refuses_the_ranges_it_builds_too_wide(index, runtimes, deepseek):
+    from portable_guided.runtime.engines.llguidance import LLGuidanceEngine
+
+    schema, excluded = LLGUIDANCE_HOLES[index]
+    assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(excluded))
+    # llguidance itself (as vLLM's guidance backend calls it) accepts the excluded value:
+    # this fails once an upgrade fixes it, and the refusal can go.
+    engine = LLGuidanceEngine.create(deepseek)
+    matcher = engine.new_matcher(engine.compile_raw(GrammarSpec.json_schema(schema)))
+    ids = deepseek.encode(excluded)
+    assert all(matcher.accept(t) for t in ids) and matcher.accept(deepseek.stop_token_ids[0])
+    # ours refuses it, and auto falls back to xgrammar
+    assert _decide(runtimes["llguidance"], schema, excluded) is None
+    assert _decide(runtimes["auto"], schema, excluded) is False
+
+
+def test_llguidance_rule_leaves_sound_ranges_alone():
+    for schema in [{"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                   {"type": "number", "exclusiveMinimum": 0.5, "maximum": 0.7},
+                   {"type": "number", "minimum": 0, "maximum": 0.5},
+                   {"type": "number", "minimum": -3, "exclusiveMaximum": -2},
+                   {"type": "integer", "exclusiveMinimum": 0, "maximum": 0.5}]:
+        assert llguidance_unsupported(schema, json.dumps(schema)) == [], schema
+    for schema, _ in LLGUIDANCE_HOLES:
+        assert llguidance_unsupported(schema, json.dumps(schema)), schema
+
+
+def test_tool_call_numbers_take_every_fraction_digit(runtimes):
+    spec = GrammarSpec.structural_tag(
+        [{"begin": "<function=f>", "end": "</function>",
+          "schema": {"type": "object", "properties": {"x": {"type": "number", "minimum": 0,
+                                                            "maximum": 1}},
+                     "required": ["x"]}}], ["<function="])
+    for arguments, expected in [('{"x": 0.12345678}', True), ('{"x": 1.00000001}', False)]:
+        req = runtimes["xgrammar"].new_request(spec, on_error="reject").wait(60)
+        ids = runtimes["xgrammar"].info.encode(f"Calling: <function=f>{arguments}</function>")
+        assert (req.accept_tokens(ids) == len(ids)) == expected, arguments
+
+
+def test_a_schema_holding_the_placeholder_text_keeps_xgrammars_range(runtimes):
+    schema = {"type": "number", "minimum": 0, "maximum": 1,
+              "description": "pg-exact-number-0"}
+    assert _decide(runtimes["xgrammar"], schema, "0.5") is True
+    assert _decide(runtimes["xgrammar"], schema, "1.5") is False
