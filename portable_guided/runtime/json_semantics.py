@@ -26,13 +26,14 @@ from typing import Any
 from .json_lowering import value_types
 from .xgrammar_patterns import (
     LARGEST_JSON_REPEAT,
+    MAX_ESCAPED_MIN_LENGTH,
     exact_pattern,
     largest_repeat,
     needs_escaped_character,
 )
 
-__all__ = ["XGRAMMAR_FORMATS", "length_pattern", "llguidance_unsupported", "map_schemas", "node_patterns", "strict_schema",
-           "xgrammar_exact_strings", "xgrammar_open_schema", "xgrammar_strict_schema",
+__all__ = ["XGRAMMAR_FORMATS", "length_pattern", "llguidance_unsupported", "map_schemas",
+           "node_patterns", "strict_schema", "xgrammar_exact_strings", "xgrammar_open_schema", "xgrammar_strict_schema",
            "xgrammar_unsupported"]
 
 # Keywords whose values are subschemas, maps of subschemas, or lists of subschemas.
@@ -348,11 +349,15 @@ def length_pattern(min_length: int, max_length: int | None) -> str | None:
     Larger bounds stay ``minLength``/``maxLength`` (the xgrammar engine corrects the class of
     the rule they build: ``engines.xgrammar.json_char_rule_fixed``): as a pattern, xgrammar
     builds a repeat above 128 as an automaton edge that it walks on every mask, 34 ms per
-    token at ``{0,1000}`` against 0.24 ms (``bench/bench_xgrammar_lengths.py``)."""
+    token at ``{0,1000}`` against 0.24 ms (``bench/bench_xgrammar_lengths.py``). A
+    ``minLength`` up to :data:`.xgrammar_patterns.MAX_ESCAPED_MIN_LENGTH` alone stays too: the
+    xgrammar engine puts an exact rule with escapes in its place."""
     if max(min_length, max_length or 0) > LARGEST_JSON_REPEAT:
         return None
     if max_length is None:
-        return None if min_length == 0 else f"^{_RAW_CHAR}{{{min_length}}}{_RAW_CHAR}*$"
+        if min_length <= MAX_ESCAPED_MIN_LENGTH:
+            return None  # (escapes included: the engine writes its own rule, xgrammar_exact)
+        return f"^{_RAW_CHAR}{{{min_length}}}{_RAW_CHAR}*$"
     return f"^{_RAW_CHAR}{{{min_length},{max_length}}}$"
 
 

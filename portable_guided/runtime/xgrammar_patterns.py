@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["LARGEST_JSON_REPEAT", "exact_pattern", "largest_repeat", "needs_escaped_character"]
+__all__ = ["LARGEST_JSON_REPEAT", "MAX_ESCAPED_MIN_LENGTH", "exact_pattern", "largest_repeat", "needs_escaped_character"]
 
 #: The largest repeat count (``{n}``, ``{n,m}``) xgrammar 0.2.8 builds with JSON's string
 #: rules. Above it, it builds the repeat another way, where ``.`` and negated classes also
@@ -32,6 +32,11 @@ __all__ = ["LARGEST_JSON_REPEAT", "exact_pattern", "largest_repeat", "needs_esca
 _OPEN_COUNT = re.compile(r"\{(\d+),\}")
 _COUNT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
 LARGEST_JSON_REPEAT = 128
+
+#: The largest ``minLength`` (without ``maxLength``) the xgrammar engine writes as its own
+#: rule with escapes (``xgrammar_exact``): each counted character is a rule xgrammar
+#: compiles in about 20 ms.
+MAX_ESCAPED_MIN_LENGTH = 16
 
 
 def largest_repeat(pattern: str) -> int:

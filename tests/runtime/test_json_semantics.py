@@ -156,6 +156,8 @@ LENGTH_BOUNDED = {
     "property": {"type": "object", "properties": {"k": {"type": "string", "maxLength": 4}},
                  "required": ["k"], "additionalProperties": False},
     "property_names": {"type": "object", "propertyNames": {"type": "string", "maxLength": 4}},
+    "min_only_property_names": {"type": "object",
+                                "propertyNames": {"type": "string", "minLength": 2}},
 }
 
 
@@ -172,7 +174,7 @@ def test_no_engine_lets_a_raw_control_character_into_a_string(case, runtimes):
     def wrap(s: str) -> str:
         if case == "property":
             return '{"k": ' + s + "}"
-        return "{" + s + ": 1}" if case == "property_names" else s
+        return "{" + s + ": 1}" if case.endswith("property_names") else s
 
     for engine in ("xgrammar", "llguidance"):
         rt = runtimes[engine]
@@ -190,11 +192,13 @@ def test_no_engine_lets_a_raw_control_character_into_a_string(case, runtimes):
             decided = _decide_text(rt, spec, text)
             # xgrammar generates no escape in a length-bounded string (a narrowing:
             # docs/runtime.md); it never accepts what the validator rejects.
-            narrowed = engine == "xgrammar" and "\\" in text
+            # (a minLength up to 16 alone has its escapes: xgrammar_exact)
+            narrowed = engine == "xgrammar" and "\\" in text and not case.startswith("min_only")
             # xgrammar compiles every one (its compiler cache failed a check on repeat
             # counts from 129 to 4096: those compile without it); llguidance refuses
             # propertyNames with a length bound.
-            assert decided is not None or (engine, case) == ("llguidance", "property_names")
+            assert decided is not None or (
+                engine == "llguidance" and case.endswith("property_names"))
             assert decided in (None, False if narrowed else expected), (
                 engine, case, text, decided, expected)
 

@@ -1,4 +1,4 @@
-"""Number ranges: our xgrammar rules (``xgrammar_numbers``) against exact decimal
+"""Number ranges: our xgrammar rules (``xgrammar_exact``) against exact decimal
 comparison; xgrammar deciding ranged numbers as the ``jsonschema`` validator does where its
 own ranges stop at 6 fraction digits (MaskBench o3914, o45806); llguidance refusing the ranges
 it builds too wide (``json_semantics.llguidance_unsupported``)."""
@@ -14,7 +14,11 @@ import pytest
 from portable_guided.runtime import GrammarSpec
 from portable_guided.runtime.engines.base import UnsupportedSpec
 from portable_guided.runtime.json_semantics import llguidance_unsupported
-from portable_guided.runtime.xgrammar_numbers import range_rules, substitute_numbers
+from portable_guided.runtime.xgrammar_exact import (
+    exact_placeholders,
+    range_rules,
+    substitute_exact,
+)
 
 xgr = pytest.importorskip("xgrammar")
 jsonschema = pytest.importorskip("jsonschema")
@@ -77,11 +81,20 @@ def test_range_rules_decide_as_decimal_comparison(low, high, texts):
             low, high, text)
 
 
+def _placeholder() -> tuple[str, dict[str, str]]:
+    """This process's first placeholder text and its rules (the text has a random part)."""
+    rules: dict[str, str] = {}
+    exact_placeholders('{"type": "number", "minimum": 0}', rules)
+    (literal,) = rules
+    return json.loads(json.loads(literal)), rules
+
+
 def test_a_placeholder_in_an_unforeseen_form_refuses():
-    rules = {json.dumps('"pg-exact-number-0"'): 'pg_number_0 ::= "0"'}
-    assert "pg_number_0" in substitute_numbers('root ::= "\\"pg-exact-number-0\\""', rules)
+    placeholder, rules = _placeholder()
+    quoted = json.dumps(json.dumps(placeholder))
+    assert "pg_number_0 ::=" in substitute_exact(f"root ::= {quoted}", rules)
     with pytest.raises(UnsupportedSpec, match="not foreseen"):
-        substitute_numbers('root ::= "pg-exact-number-0"', rules)
+        substitute_exact(f'root ::= "{placeholder}"', rules)
 
 
 # (schema, texts): MaskBench o3914/o45806's shapes and the forms around them.
@@ -180,7 +193,7 @@ def test_tool_call_numbers_take_every_fraction_digit(runtimes):
 
 
 def test_a_schema_holding_the_placeholder_text_keeps_xgrammars_range(runtimes):
-    schema = {"type": "number", "minimum": 0, "maximum": 1,
-              "description": "pg-exact-number-0"}
+    schema = {"type": "number", "minimum": 0, "maximum": 1, "description": _placeholder()[0]}
+    assert exact_placeholders(json.dumps(schema), {}) == json.dumps(schema)
     assert _decide(runtimes["xgrammar"], schema, "0.5") is True
     assert _decide(runtimes["xgrammar"], schema, "1.5") is False

@@ -18,7 +18,7 @@ from ..json_lowering import (
 )
 from ..json_semantics import xgrammar_exact_strings, xgrammar_open_schema, xgrammar_unsupported
 from ..specs import GrammarSpec
-from ..xgrammar_numbers import number_placeholders, substitute_numbers
+from ..xgrammar_exact import exact_placeholders, substitute_exact
 from .base import (
     EmptyLanguage,
     Engine,
@@ -221,20 +221,21 @@ class XGrammarEngine(Engine):
     def compile_prepared(self, prepared: tuple[str, bool]) -> Any:
         """Compile what :meth:`prepare` returned (no check again)."""
         text, any_whitespace = prepared
-        numbers: dict[str, str] = {}
-        marked = number_placeholders(text, numbers)
-        if not numbers and not _native_lengths(text):
+        exact: dict[str, str] = {}
+        marked = exact_placeholders(text, exact)
+        if not exact and not _native_lengths(text):
             return self._compiler.compile_json_schema(text, any_whitespace=any_whitespace,
                                                       strict_mode=False)
         return self._compile_corrected(self._xgr.Grammar.from_json_schema(
-            marked, any_whitespace=any_whitespace, strict_mode=False), numbers)
+            marked, any_whitespace=any_whitespace, strict_mode=False), exact)
 
-    def _compile_corrected(self, grammar: Any, numbers: dict[str, str]) -> Any:
+    def _compile_corrected(self, grammar: Any, exact: dict[str, str]) -> Any:
         # xgrammar's grammar text, corrected where its rules are narrower or wider than the
-        # schema: number ranges (at most 6 fraction digits there) become our exact rules
-        # (xgrammar_numbers), and the character rule of length bounds above 128 (smaller
-        # ones are patterns by now), which lets raw control characters in, is fixed.
-        fixed = substitute_numbers(json_char_rule_fixed(str(grammar)), numbers)
+        # schema: number ranges (at most 6 fraction digits there) and short minLength
+        # strings (no escapes there) become our exact rules (xgrammar_exact), and the
+        # character rule of other length bounds (a pattern up to 128 by now), which lets
+        # raw control characters in, is fixed.
+        fixed = substitute_exact(json_char_rule_fixed(str(grammar)), exact)
         return self._compiler.compile_grammar(self._xgr.Grammar.from_ebnf(fixed))
 
     def _compile_structural_tag(self, data: dict[str, Any]) -> Any:
@@ -244,21 +245,21 @@ class XGrammarEngine(Engine):
         refuses the whole spec (``auto`` then tries the next engine)."""
         tags = []
         lengths = False
-        numbers: dict[str, str] = {}
+        exact: dict[str, str] = {}
         for i, tag in enumerate(data["tags"]):
             try:
                 text, _ = self.prepare(GrammarSpec.json_schema(tag["schema"]))
             except (UnsupportedSpec, EmptyLanguage) as exc:
                 raise UnsupportedSpec(f"tag {i} ({tag['begin']!r}): {exc}") from exc
             lengths = lengths or _native_lengths(text)
-            text = number_placeholders(text, numbers)
+            text = exact_placeholders(text, exact)
             # (xgrammar compiles a tag's schema in strict mode: its defaults written out)
             tags.append({**tag, "schema": xgrammar_open_schema(json.loads(text))})
         structural = xgrammar_structural_tag({"tags": tags, "triggers": data["triggers"]})
-        if not lengths and not numbers:
+        if not lengths and not exact:
             return self._compiler.compile_structural_tag(structural)
         return self._compile_corrected(self._xgr.Grammar.from_structural_tag(
-            json.dumps(structural)), numbers)
+            json.dumps(structural)), exact)
 
     def compile_raw(self, spec: GrammarSpec) -> Any:
         if spec.kind != "json_schema":

@@ -1,36 +1,49 @@
-"""Exact number ranges for xgrammar.
+"""Exact rules in place of xgrammar's own, where its own are narrower than the schema.
 
-xgrammar 0.2.8 builds a ``number`` with ``minimum``/``maximum`` from at most 6 fraction digits
-(``{0,5}``/``{1,6}`` repeats in its grammar), so ``0.1234567`` is refused under ``maximum: 1``
-although the schema allows it (MaskBench o3914, o45806: the engines disagreed). Here the range
-is written as our own grammar, exact for every decimal in plain notation (``-?int(.frac)?``,
-any number of digits; no exponent, as llguidance's ranges), and put in place of xgrammar's:
+xgrammar 0.2.8 (``Grammar.from_json_schema``) builds
 
-1. :func:`number_placeholders` replaces each such ``number`` schema by a ``const`` string
-   that cannot occur in the schema (xgrammar writes a const as one quoted literal);
+- a ``number`` with ``minimum``/``maximum`` from at most 6 fraction digits (``{0,5}``/``{1,6}``
+  repeats), so ``0.1234567`` is refused under ``maximum: 1`` although the schema allows it
+  (MaskBench o3914, o45806: the engines disagreed);
+- a string with ``minLength`` from a repeated character class with no escape sequence, so
+  ``"a\\nb"`` is refused under ``minLength: 1`` (o71820).
+
+Here such a schema is written as our own grammar, exact, and put in place of xgrammar's:
+
+1. :func:`exact_placeholders` replaces it by a ``const`` string that cannot occur in the
+   schema (xgrammar writes a const as one quoted literal);
 2. xgrammar writes the grammar of that schema (``Grammar.from_json_schema``);
-3. :func:`substitute_numbers` puts a rule of :func:`range_rules` in place of each literal.
+3. :func:`substitute_exact` puts our rule in place of each literal: :func:`range_rules` (every
+   decimal in plain notation, ``-?int(.frac)?``, any number of digits, compared as the
+   decimals written in the schema, not as binary floats; no exponent, as llguidance's
+   ranges) or :func:`min_length_rules` (every JSON string of at least that many characters,
+   escapes included, a surrogate pair counting as one character).
 
-Bounds are compared as the decimals written in the schema (``0.1`` is one tenth), as JSON
-Schema defines them, not as binary floats.
+A string with ``maxLength`` keeps xgrammar's form (no escapes): our rule for it is exact too,
+but xgrammar compiles it at about 20 ms per counted character (2.6 s for 128) where the
+pattern costs 10-400 ms.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import secrets
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
 from .engines.base import UnsupportedSpec
 from .json_semantics import ANNOTATIONS, map_schemas
+from .xgrammar_patterns import MAX_ESCAPED_MIN_LENGTH
 
-__all__ = ["number_placeholders", "range_rules", "substitute_numbers"]
+__all__ = ["exact_placeholders", "min_length_rules", "range_rules", "substitute_exact"]
 
 _LOWER = {"minimum": False, "exclusiveMinimum": True}
 _UPPER = {"maximum": False, "exclusiveMaximum": True}
-_PLACEHOLDER = "pg-exact-number-"
+# A random part: no schema can be written to hold a placeholder's text in advance (a
+# pattern xgrammar folds into the same literal, say).
+_PLACEHOLDER = f"pg-exact-{secrets.token_hex(8)}-"
 
 #: A bound: the decimal and whether it is exclusive.
 Bound = tuple[Decimal, bool]
@@ -64,53 +77,95 @@ def _range(node: Mapping[str, Any]) -> tuple[Bound | None, Bound | None] | None:
     return _tightest(node, _LOWER, True), _tightest(node, _UPPER, False)
 
 
-def number_placeholders(text: str, rules: dict[str, str]) -> str:
-    """The schema ``text`` with each ranged ``number`` schema replaced by a placeholder
-    ``const``; the rules that replace each placeholder's literal in xgrammar's grammar are
-    added to ``rules`` (``{literal: rules}``). ``text`` itself when there is none, or when
-    the placeholder text occurs in the schema (then xgrammar's own range stays)."""
-    if '"minimum"' not in text and '"maximum"' not in text and '"exclusiveM' not in text:
+def _min_length(node: Mapping[str, Any]) -> int | None:
+    """The ``minLength`` of a schema that holds only a type including ``string``, a
+    ``minLength`` from 1 to :data:`MAX_ESCAPED_MIN_LENGTH` and annotations, else ``None``."""
+    types = node.get("type")
+    low = node.get("minLength")
+    if not (types == "string" or isinstance(types, list) and "string" in types) or not (
+            type(low) is int and 1 <= low <= MAX_ESCAPED_MIN_LENGTH):
+        return None
+    if any(k not in ("type", "minLength") and k not in ANNOTATIONS for k in node):
+        return None
+    return low
+
+
+def exact_placeholders(text: str, rules: dict[str, str]) -> str:
+    """The schema ``text`` with each ranged ``number`` schema and each short ``minLength``
+    string replaced by a placeholder ``const``; the rules that replace each placeholder's
+    literal in xgrammar's grammar are added to ``rules`` (``{literal: rules}``). ``text``
+    itself when there is none (or when a placeholder's text occurs in the schema: then
+    xgrammar's own forms stay)."""
+    if '"minimum"' not in text and '"maximum"' not in text and '"exclusiveM' not in text and (
+            '"minLength"' not in text):
         return text
-    if _PLACEHOLDER in text:
+    schema = json.loads(text)
+    if _PLACEHOLDER in json.dumps(schema):
         return text
     added = 0
 
     def replace(node: Mapping[str, Any]) -> Any:
         nonlocal added
         bounds = _range(node)
-        if bounds is None:
+        low = None if bounds is not None else _min_length(node)
+        if bounds is None and low is None:
             return node
         index = len(rules)
         placeholder = f"{_PLACEHOLDER}{index}"
         try:
-            rules[json.dumps(json.dumps(placeholder))] = range_rules(f"pg_number_{index}",
-                                                                     *bounds)
+            rule = (range_rules(f"pg_number_{index}", *bounds) if bounds is not None
+                    else min_length_rules(f"pg_string_{index}", low or 0))
         except UnsupportedSpec:
             return node  # an empty range (in a branch, say) is empty in xgrammar's too
+        rules[json.dumps(json.dumps(placeholder))] = rule
         added += 1
-        others = [t for t in node["type"] if t != "number"] if node["type"] != "number" else []
+        own = "number" if bounds is not None else "string"
+        types = node["type"]
+        others = [t for t in types if t != own] if isinstance(types, list) else []
         # (the other types take no bound: a type list stays as a branch beside)
         return {"anyOf": [{"const": placeholder}, {"type": others}]} if others else {
             "const": placeholder}
 
-    out = map_schemas(json.loads(text), replace)
+    out = map_schemas(schema, replace)
     return json.dumps(out) if added else text
 
 
-def substitute_numbers(ebnf: str, rules: Mapping[str, str]) -> str:
-    """xgrammar's grammar text with each placeholder literal replaced by its range rule (a
-    literal may be absent: xgrammar writes no rule for a definition nothing refers to).
-    Raises :class:`UnsupportedSpec` when a placeholder is left in another form (xgrammar
-    wrote the const in a way not foreseen: refused, not guessed)."""
-    added = []
+def substitute_exact(ebnf: str, rules: Mapping[str, str]) -> str:
+    """xgrammar's grammar text with each placeholder literal replaced by its rule (a literal
+    may be absent: xgrammar writes no rule for a definition nothing refers to). Raises
+    :class:`UnsupportedSpec` when a placeholder is left in another form (xgrammar wrote the
+    const in a way not foreseen: refused, not guessed)."""
+    added: dict[str, None] = {}  # rule lines, each once (rules share their helpers)
     for literal, rule_text in rules.items():
         if literal in ebnf:
             ebnf = ebnf.replace(literal, rule_text.split(" ", 1)[0])
-            added.append(rule_text)
+            added.update(dict.fromkeys(rule_text.splitlines()))
     if _PLACEHOLDER in ebnf:
-        raise UnsupportedSpec("xgrammar wrote a number range placeholder in a form not "
-                              "foreseen")
+        raise UnsupportedSpec("xgrammar wrote a placeholder in a form not foreseen")
     return ebnf.rstrip("\n") + "\n" + "\n".join(added) + "\n"
+
+
+#: A character of a JSON string written as it is, and the escapes (a surrogate pair is one
+#: character; a lone surrogate is left out: it is no character).
+_RAW = '[^\\0-\\x1f\\"\\\\]'
+_HEX = "[0-9A-Fa-f]"
+_ESCAPE_RULE = (
+    f'pg_escape ::= ([\\"\\\\/bfnrt]) | ("u" [0-9A-Ca-cE-Fe-f] {_HEX} {_HEX} {_HEX}) | '
+    f'("u" [Dd] [0-7] {_HEX} {_HEX}) | '
+    f'("u" [Dd] [89ABab] {_HEX} {_HEX} "\\\\u" [Dd] [C-Fc-f] {_HEX} {_HEX})')
+
+
+def min_length_rules(name: str, min_length: int) -> str:
+    """EBNF rules (the first named ``name``) for the JSON strings (quotes included) of at
+    least ``min_length`` characters, escapes included. Right-recursive on purpose: the same
+    language as a repeat of a character rule costs xgrammar 20-30 ms per mask."""
+    lines = [f'{name} ::= "\\"" pg_chars_{min_length}']
+    for k in range(min_length, 0, -1):
+        lines.append(f'pg_chars_{k} ::= ({_RAW} pg_chars_{k - 1}) | '
+                     f'("\\\\" pg_escape pg_chars_{k - 1})')
+    lines.append(f'pg_chars_0 ::= ("\\"") | ({_RAW} pg_chars_0) | ("\\\\" pg_escape pg_chars_0)')
+    lines.append(_ESCAPE_RULE)
+    return "\n".join(lines)
 
 
 def range_rules(name: str, low: Bound | None, high: Bound | None) -> str:
