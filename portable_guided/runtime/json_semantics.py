@@ -19,8 +19,10 @@ compiles it:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Mapping
+from decimal import Decimal
 from typing import Any
 
 from .json_lowering import value_types
@@ -32,7 +34,8 @@ from .xgrammar_patterns import (
     needs_escaped_character,
 )
 
-__all__ = ["XGRAMMAR_FORMATS", "length_pattern", "llguidance_unsupported", "map_schemas",
+__all__ = ["XGRAMMAR_FORMATS", "length_pattern", "llguidance_exact_numbers",
+           "llguidance_unsupported", "map_schemas",
            "node_patterns", "strict_schema", "xgrammar_exact_strings", "xgrammar_open_schema", "xgrammar_strict_schema",
            "xgrammar_unsupported"]
 
@@ -155,6 +158,55 @@ def llguidance_unsupported(schema: Any, text: str) -> list[str]:
             found.append(f"{pointer or '/'}: this number range is built inexactly by "
                          "llguidance (it accepts the excluded integer bound)")
     return found
+
+
+def llguidance_exact_numbers(schema: Any, text: str) -> str:
+    """The schema text (``schema`` parsed) with each ``number`` range written so llguidance
+    accepts all of it: its range for a bound with a fraction leaves out the numbers whose
+    digits stop inside the bound's (``56.5`` under ``maximum: 56.52``, ``-0.5`` above
+    ``minimum: -0.5688``; ``rx_float_range``'s ``lexi_0_to_x``), so those values are added
+    beside it as an ``enum`` (each within every keyword of the range: exact). ``text``
+    itself where there is none."""
+    if '"minimum"' not in text and '"maximum"' not in text and '"exclusiveM' not in text:
+        return text
+    added = False
+
+    def widen(node: Mapping[str, Any]) -> Any:
+        nonlocal added
+        values = _cut_bound_values(node)
+        if not values:
+            return node
+        added = True
+        return {"anyOf": [node, {"enum": values}]}
+
+    out = map_schemas(schema, widen)
+    return json.dumps(out) if added else text
+
+
+def _cut_bound_values(node: Mapping[str, Any]) -> list[float]:
+    types = node.get("type")
+    if not (types == "number" or isinstance(types, list) and "number" in types):
+        return []
+    if any(k != "type" and k not in _RANGE_KEYS and k not in ANNOTATIONS for k in node):
+        return []  # (a value must meet every keyword: only plain ranges)
+    bounds = {k: Decimal(repr(node[k])) for k in _RANGE_KEYS if _is_number(node.get(k))}
+    candidates = []
+    for key, sign in (("maximum", 1), ("exclusiveMaximum", 1), ("minimum", -1),
+                      ("exclusiveMinimum", -1)):
+        if key in bounds and bounds[key] * sign > 0:
+            whole, _, frac = format(abs(bounds[key]), "f").partition(".")
+            frac = frac.rstrip("0")
+            candidates += [sign * Decimal(f"{whole}.{frac[:j]}") for j in range(1, len(frac))]
+
+    def within(v: Decimal) -> bool:
+        return all((
+            "minimum" not in bounds or v >= bounds["minimum"],
+            "exclusiveMinimum" not in bounds or v > bounds["exclusiveMinimum"],
+            "maximum" not in bounds or v <= bounds["maximum"],
+            "exclusiveMaximum" not in bounds or v < bounds["exclusiveMaximum"]))
+
+    # (a value whose float prints back as other digits is left out: not written as such)
+    return sorted({float(v) for v in candidates if within(v) and repr(float(v)) == str(v)})
 
 
 def _is_number(value: Any) -> bool:

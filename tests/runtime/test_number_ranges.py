@@ -13,7 +13,7 @@ import pytest
 
 from portable_guided.runtime import GrammarSpec
 from portable_guided.runtime.engines.base import UnsupportedSpec
-from portable_guided.runtime.json_semantics import llguidance_unsupported
+from portable_guided.runtime.json_semantics import llguidance_exact_numbers, llguidance_unsupported
 from portable_guided.runtime.xgrammar_exact import (
     exact_placeholders,
     range_rules,
@@ -116,6 +116,14 @@ RANGES = [
      ['{"lat": 45.123456789}', '{"lat": 90.0000001}', '{"lat": -90}']),
     ({"type": "array", "items": {"type": "number", "minimum": 2.5}},
      ["[2.5000001, 3]", "[2.4999999]", "[]"]),
+    # llguidance's own range leaves out values whose digits stop inside a fractional bound's
+    # (56.5 under 56.52): they are added beside it (json_semantics.llguidance_exact_numbers)
+    ({"type": "number", "minimum": 33.84, "maximum": 56.52},
+     ["56.5", "56.52", "56.520", "56.53", "56", "33.8", "33.84", "33.9"]),
+    ({"type": "number", "exclusiveMinimum": -41.56, "exclusiveMaximum": -4.229},
+     ["-41.5", "-41.56", "-41.57", "-4.2", "-4.22", "-4.23", "-4.229", "-10"]),
+    ({"type": "number", "minimum": 0.5688, "maximum": 0.5699},
+     ["0.5", "0.56", "0.569", "0.5688", "0.5699"]),
 ]
 
 
@@ -135,8 +143,8 @@ def test_ranged_numbers_decide_as_json_schema(index, runtimes):
         expected = check.is_valid(json.loads(text))
         assert _decide(runtimes["xgrammar"], schema, text) == expected, (schema, text)
         # llguidance (auto's first choice) refuses or decides the same, but where it is
-        # narrower: it never takes "-0" in a range
-        narrower = text in ("-0", "-0.0")
+        # narrower: it never takes "-0" in a range, nor a zero past a bound's last digit
+        narrower = text in ("-0", "-0.0", "56.520")
         for engine in ("llguidance", "auto"):
             decided = _decide(runtimes[engine], schema, text)
             assert decided in ((None, False) if narrower else (None, expected)), (
@@ -167,6 +175,25 @@ def test_llguidance_refuses_the_ranges_it_builds_too_wide(index, runtimes, deeps
     # ours refuses it, and auto falls back to xgrammar
     assert _decide(runtimes["llguidance"], schema, excluded) is None
     assert _decide(runtimes["auto"], schema, excluded) is False
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(low=_bounds, high=_bounds, keys=st.tuples(st.booleans(), st.booleans()),
+       other=st.sampled_from([{}, {"title": "t"}, {"multipleOf": 0.01}]))
+def test_llguidance_values_beside_a_range_are_within_it(low, high, keys, other):
+    node: dict = {"type": "number", **other}
+    for bound, key in ((low, ("minimum", "exclusiveMinimum")),
+                       (high, ("maximum", "exclusiveMaximum"))):
+        if bound is not None:
+            node[key[bound[1]]] = float(bound[0])
+    text = json.dumps(node)
+    out = json.loads(llguidance_exact_numbers(json.loads(text), text))
+    if out == node:
+        return
+    assert "multipleOf" not in node  # only plain ranges get values beside
+    assert out["anyOf"][0] == node
+    check = jsonschema.Draft202012Validator(node)
+    assert out["anyOf"][1]["enum"] and all(check.is_valid(v) for v in out["anyOf"][1]["enum"])
 
 
 def test_llguidance_rule_leaves_sound_ranges_alone():

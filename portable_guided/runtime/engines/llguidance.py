@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..json_lowering import engine_schema_text, refuse_unsatisfiable, unsound
-from ..json_semantics import llguidance_unsupported
+from ..json_semantics import llguidance_exact_numbers, llguidance_unsupported
 from ..specs import GrammarSpec
 from .base import EmptyLanguage, Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
 
@@ -317,7 +317,7 @@ def _checked_schema_text(spec: GrammarSpec) -> str:
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise UnsupportedSpec("; ".join(problems[:3]) + more)
-    return text
+    return llguidance_exact_numbers(schema, text)
 
 
 def _gbnf_to_lark(text: str) -> str:
