@@ -55,3 +55,15 @@ def suite_dir():
         if cand and Path(cand).is_dir():
             return Path(cand)
     return here.parent / "shared" / tail
+
+
+def decide_text(rt, schema, text: str) -> bool | None:
+    """None if runtime ``rt``'s engine refused ``schema``, else whether it accepted ``text``
+    (its tokens, then the stop token)."""
+    from portable_guided.runtime import GrammarSpec
+
+    req = rt.new_request(GrammarSpec.json_schema(schema), on_error="reject").wait(60)
+    if req.failed:
+        return None
+    ids = rt.info.encode(text)
+    return req.accept_tokens(ids) == len(ids) and req.accept(rt.info.stop_token_ids[0])

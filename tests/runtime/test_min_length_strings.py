@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from runtime_helpers import decide_text
 
-from portable_guided.runtime import GrammarSpec
 from portable_guided.runtime.xgrammar_exact import min_length_rules
 from portable_guided.runtime.xgrammar_patterns import MAX_ESCAPED_MIN_LENGTH
 
@@ -48,14 +48,6 @@ def test_min_length_rule_counts_characters_as_json_schema(min_length, value, asc
             min_length, text)
 
 
-def _decide(rt, schema, text: str) -> bool | None:
-    req = rt.new_request(GrammarSpec.json_schema(schema), on_error="reject").wait(60)
-    if req.failed:
-        return None
-    ids = rt.info.encode(text)
-    return req.accept_tokens(ids) == len(ids) and req.accept(rt.info.stop_token_ids[0])
-
-
 @pytest.mark.parametrize("schema", [
     {"type": "string", "minLength": 1},
     {"type": "string", "minLength": MAX_ESCAPED_MIN_LENGTH, "title": "t"},
@@ -72,11 +64,11 @@ def test_xgrammar_writes_escapes_in_short_min_length_strings(schema, runtimes):
     for value in values:
         text = json.dumps(value)
         expected = check.is_valid(value)
-        assert _decide(runtimes["xgrammar"], schema, text) == expected, (schema, text)
+        assert decide_text(runtimes["xgrammar"], schema, text) == expected, (schema, text)
 
 
 def test_longer_min_lengths_keep_the_pattern(runtimes):
     # Above the limit the pattern stays (no escapes: a subset), for compile time.
     schema = {"type": "string", "minLength": MAX_ESCAPED_MIN_LENGTH + 1}
-    assert _decide(runtimes["xgrammar"], schema, json.dumps("y" * 40)) is True
-    assert _decide(runtimes["xgrammar"], schema, json.dumps("y" * 40 + "\n")) is False
+    assert decide_text(runtimes["xgrammar"], schema, json.dumps("y" * 40)) is True
+    assert decide_text(runtimes["xgrammar"], schema, json.dumps("y" * 40 + "\n")) is False

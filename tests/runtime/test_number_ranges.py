@@ -10,6 +10,7 @@ import re
 from decimal import Decimal
 
 import pytest
+from runtime_helpers import decide_text
 
 from portable_guided.runtime import GrammarSpec
 from portable_guided.runtime.engines.base import UnsupportedSpec
@@ -127,26 +128,18 @@ RANGES = [
 ]
 
 
-def _decide(rt, schema, text: str) -> bool | None:
-    req = rt.new_request(GrammarSpec.json_schema(schema), on_error="reject").wait(60)
-    if req.failed:
-        return None
-    ids = rt.info.encode(text)
-    return req.accept_tokens(ids) == len(ids) and req.accept(rt.info.stop_token_ids[0])
-
-
 @pytest.mark.parametrize("index", range(len(RANGES)))
 def test_ranged_numbers_decide_as_json_schema(index, runtimes):
     schema, texts = RANGES[index]
     check = jsonschema.Draft202012Validator(schema)
     for text in texts:
         expected = check.is_valid(json.loads(text))
-        assert _decide(runtimes["xgrammar"], schema, text) == expected, (schema, text)
+        assert decide_text(runtimes["xgrammar"], schema, text) == expected, (schema, text)
         # llguidance (auto's first choice) refuses or decides the same, but where it is
         # narrower: it never takes "-0" in a range, nor a zero past a bound's last digit
         narrower = text in ("-0", "-0.0", "56.520")
         for engine in ("llguidance", "auto"):
-            decided = _decide(runtimes[engine], schema, text)
+            decided = decide_text(runtimes[engine], schema, text)
             assert decided in ((None, False) if narrower else (None, expected)), (
                 engine, schema, text, decided)
 
@@ -173,8 +166,8 @@ def test_llguidance_refuses_the_ranges_it_builds_too_wide(index, runtimes, deeps
     ids = deepseek.encode(excluded)
     assert all(matcher.accept(t) for t in ids) and matcher.accept(deepseek.stop_token_ids[0])
     # ours refuses it, and auto falls back to xgrammar
-    assert _decide(runtimes["llguidance"], schema, excluded) is None
-    assert _decide(runtimes["auto"], schema, excluded) is False
+    assert decide_text(runtimes["llguidance"], schema, excluded) is None
+    assert decide_text(runtimes["auto"], schema, excluded) is False
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
@@ -222,5 +215,5 @@ def test_tool_call_numbers_take_every_fraction_digit(runtimes):
 def test_a_schema_holding_the_placeholder_text_keeps_xgrammars_range(runtimes):
     schema = {"type": "number", "minimum": 0, "maximum": 1, "description": _placeholder()[0]}
     assert exact_placeholders(json.dumps(schema), {}) == json.dumps(schema)
-    assert _decide(runtimes["xgrammar"], schema, "0.5") is True
-    assert _decide(runtimes["xgrammar"], schema, "1.5") is False
+    assert decide_text(runtimes["xgrammar"], schema, "0.5") is True
+    assert decide_text(runtimes["xgrammar"], schema, "1.5") is False
