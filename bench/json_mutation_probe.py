@@ -50,6 +50,9 @@ def main() -> int:
                    ][::step]
     else:
         records = load_records(sorted(glob.glob(args.files)))[::step]
+    if not records:  # (a probe of nothing would report 0 accepted and look clean)
+        where = args.suite_dir if args.suite else args.files
+        p.error(f"no schemas found at {where!r} (run from the checkout, or pass the path)")
     info = load_tokenizer_info("deepseek")
     result: dict[str, Any] = {}
     for engine in args.engines.split(","):
