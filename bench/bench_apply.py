@@ -7,7 +7,15 @@ vocabulary, dtype and mask kind asked for. Logits buffers are rotated so that th
 is larger than the CPU cache; each cell reports the median of its repetitions.
 
 CUDA (``--device cuda``): our CUDA path vs xgrammar's ``triton`` and ``cuda`` backends and the
-same read+write bound, timed with CUDA events.
+same read+write bound, timed with CUDA events (see ``time_cell_cuda`` for the three times
+reported: per call, device only, host only). ``ours`` takes the host bitmask (what an engine
+hands over: one pinned non-blocking upload inside the call), ``ours-devmask`` the bitmask
+already on the GPU, as xgrammar's backends do. Each cell also reports GB/s counting the logits
+read and written once (``2 * B * V * itemsize / time``) and that as a share of a large
+device-to-device copy's rate measured the same way at the start of the run, both from device
+times. ``ours-devmask-xtriton`` and ``ours-devmask-xcuda`` are ``ours-devmask`` with
+``PORTABLE_GUIDED_CUDA_KERNEL`` set to ``xgrammar-triton`` or ``xgrammar-cuda``;
+``cand-dense-kernel`` is the kernel of ``bench/triton_candidates.py`` called directly.
 
 ``--position after-matmul`` (CPU) times each call right after a real lm_head matmul
 (``hidden @ W.T`` with W of shape vocab x ``--hidden``, written into the logits about to be
@@ -102,9 +110,33 @@ def implementations(device: str):
         impls["xgr-cpu"] = xgr_backend("cpu")
         impls["xgr-torch_native"] = xgr_backend("torch_native")
     else:
+        impls["ours-devmask"] = impls["ours"]  # given the device bitmask (see main)
+        impls["ours-devmask-xtriton"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="xgrammar-triton")
+        impls["ours-devmask-xcuda"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="xgrammar-cuda")
+        from triton_candidates import apply_dense  # the next kernel to try (device bitmask)
+
+        impls["cand-dense-kernel"] = lambda logits, bitmask: apply_dense(
+            logits, bitmask, logits.shape[1], None)
         impls["xgr-triton"] = xgr_backend("triton")
         impls["xgr-cuda"] = xgr_backend("cuda")
     return impls
+
+
+def copy_bandwidth_gbs(size_bytes: int = 2 << 30, reps: int = 20) -> float:
+    """Median rate of a device-to-device copy, bytes read plus bytes written per second."""
+    src = torch.empty(size_bytes // 4, dtype=torch.float32, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    times = []
+    for rep in range(reps + 1):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        if rep:
+            times.append(begin.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * size_bytes / statistics.median(times) / 1e9
 
 
 def with_env(**settings):
@@ -188,9 +220,42 @@ def time_after_matmul(impls, buffers, host_mask, bitmask, hidden, reps):
     return {name: (statistics.median(v), len(v)) for name, v in samples.items()}
 
 
+def time_cell_cuda(fn, buffers, bitmask, min_reps, budget_s):
+    """Three medians in milliseconds over rotated buffers: ``call``, CUDA events around the
+    call with the GPU idle before it (what a loop that waits on the host sees); ``device``,
+    the same events with a ~2 ms sleep kernel queued first, so the host has launched
+    everything before the GPU reaches it and the events bracket GPU work only (the bitmask
+    upload included, where the call makes one); ``host``, the call's own time on the CPU."""
+    fn(buffers[0], bitmask)  # warm-up (compiles, allocations)
+    torch.cuda.synchronize()
+    call, device, host = [], [], []
+    start = time.perf_counter()
+    i = 0
+    while len(call) < min_reps or (time.perf_counter() - start < budget_s and len(call) < 200):
+        for queued in (False, True):
+            logits = buffers[i % len(buffers)]
+            i += 1
+            begin = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            if queued:
+                torch.cuda._sleep(4_000_000)  # ~2 ms at the H100/H200 clock
+            begin.record()
+            t0 = time.perf_counter()
+            fn(logits, bitmask)
+            t1 = time.perf_counter()
+            end.record()
+            end.synchronize()
+            (device if queued else call).append(begin.elapsed_time(end))
+            if queued:
+                host.append((t1 - t0) * 1e3)
+    return {"call": statistics.median(call), "device": statistics.median(device),
+            "host": statistics.median(host), "reps": len(call)}
+
+
 def time_cell(fn, buffers, bitmask, device, min_reps, budget_s):
     """Median seconds of ``fn`` over rotated buffers (at least ``min_reps`` calls)."""
-    time.sleep(0.2)  # let the previous implementation's spinning OpenMP threads go idle
+    if device == "cpu":
+        time.sleep(0.2)  # let the previous implementation's spinning OpenMP threads go idle
     fn(buffers[0], bitmask)  # warm-up (compiles, allocations)
     samples: list[float] = []
     start = time.perf_counter()
@@ -246,6 +311,10 @@ def main() -> None:
     impls = implementations(args.device)
     if args.impls:
         impls = {k: v for k, v in impls.items() if k in args.impls.split(",")}
+    copy_gbs = copy_bandwidth_gbs() if args.device == "cuda" else None
+    if copy_gbs:
+        print(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write)", flush=True)
+    failed: dict[str, str] = {}
     rows = []
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
@@ -268,12 +337,30 @@ def main() -> None:
                         rows.append(cell)
                         print(format_row(cell, impls), flush=True)
                         continue
-                    for name, fn in impls.items():
-                        arg = host_mask if name.startswith("ours") else bitmask
-                        median, reps = time_cell(fn, buffers, arg, args.device, args.min_reps,
-                                                 args.budget)
+                    for name, fn in list(impls.items()):
+                        on_host = name.startswith("ours") and "devmask" not in name
+                        arg = host_mask if on_host else bitmask
+                        try:
+                            if args.device == "cuda":
+                                timed = time_cell_cuda(fn, buffers, arg, args.min_reps,
+                                                       args.budget)
+                                median, reps = timed["call"] / 1e3, timed["reps"]
+                            else:
+                                median, reps = time_cell(fn, buffers, arg, args.device,
+                                                         args.min_reps, args.budget)
+                        except Exception as exc:  # noqa: BLE001 - one backend failing must not end the run
+                            failed[name] = f"{type(exc).__name__}: {exc}"[:500]
+                            print(f"{name} failed, dropped: {failed[name]}", flush=True)
+                            del impls[name]
+                            continue
                         cell[name] = median * 1e3
                         cell[f"{name}_reps"] = reps
+                        if copy_gbs:
+                            cell[f"{name}_device"] = timed["device"]
+                            cell[f"{name}_host"] = timed["host"]
+                            gbs = 2 * size / (timed["device"] / 1e3) / 1e9
+                            cell[f"{name}_gbs"] = gbs
+                            cell[f"{name}_of_copy"] = gbs / copy_gbs
                     rows.append(cell)
                     print(format_row(cell, impls), flush=True)
                 del buffers
@@ -292,7 +379,12 @@ def main() -> None:
         "unit": "milliseconds, median",
         # Other processes on shared cores change thread-pool timings several fold.
         "load_avg_start_end": [load_start, os.getloadavg()[0]],
+        "copy_gbs": copy_gbs,
+        "failed": failed,
     }
+    if args.device == "cuda":
+        meta |= {"cuda": torch.version.cuda, "driver": _driver_version(),
+                 "triton": version("triton"), "timing": "CUDA events around each call"}
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
@@ -302,7 +394,7 @@ def main() -> None:
 
 def format_row(cell: dict, impls: dict) -> str:
     head = f"{cell['dtype']:>8} V={cell['vocab']:>6} B={cell['batch']:>3} {cell['mask']:>11}"
-    times = " ".join(f"{k}={cell[k]:8.3f}" for k in impls)
+    times = " ".join(f"{k}={cell[k]:8.3f}" for k in impls if k in cell)
     ours = cell.get("ours")
     ratios = ""
     if ours:
@@ -311,9 +403,27 @@ def format_row(cell: dict, impls: dict) -> str:
                 ratios += f" speedup_vs_{ref}={cell[ref] / ours:5.1f}x"
         if "read+write" in cell:
             ratios += f" ours/rw={ours / cell['read+write']:4.2f}"
+        if "ours_of_copy" in cell:
+            ratios += " | device ms " + " ".join(
+                f"{k}={cell[k + '_device']:.3f}" for k in impls if k + "_device" in cell)
+            ratios += " | host ms " + " ".join(
+                f"{k}={cell[k + '_host']:.3f}" for k in impls if k + "_host" in cell)
+            ratios += (f" | of copy: ours={100 * cell['ours_of_copy']:3.0f}%"
+                       f" devmask={100 * cell.get('ours-devmask_of_copy', 0):3.0f}%")
         if "read+write-1t" in cell:
             ratios += f" ours/rw1t={ours / cell['read+write-1t']:4.2f}"
     return f"{head} {times}{ratios}"
+
+
+def _driver_version() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=False)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def cpu_name() -> str:

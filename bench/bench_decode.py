@@ -6,6 +6,9 @@ Two devices, chosen with ``--device``:
   device time while leaving the CPU free, so the grammar work's visibility is measured cleanly
   on a small CPU. Masking and argmax run for real on NumPy logits.
 * ``torch`` / ``paddle``: the real SmolLM2 runner on this machine's CPU (or ``--cuda``).
+  ``--model-folder DIR`` (Torch; ``export_smollm2_hf(DIR, weights=False)``) runs the same
+  forward with random weights of SmolLM2's shapes, for a GPU machine the GGUF cannot reach:
+  the step costs are the model's, the tokens are not.
 
 Each cell runs ``--tokens`` decode steps for a batch of requests over MaskBench JSON schemas
 (xgrammar through the runtime), repeated ``--repeat`` times; the table shows the median time
@@ -53,6 +56,12 @@ def make_runner(args: argparse.Namespace):
     from portable_guided.runners import load_runner
 
     dev = ("cuda" if args.device == "torch" else "gpu") if args.cuda else "cpu"
+    if args.model_folder:
+        if args.device != "torch":
+            raise SystemExit("--model-folder needs --device torch")
+        from portable_guided.runners.torch_runner import TorchRunner
+
+        return TorchRunner.with_random_weights(args.model_folder, device=dev)
     return load_runner(args.device, device=dev)
 
 
@@ -82,6 +91,29 @@ def run_cell(runner, rt, specs, prompt, batch: int, mode: str, tokens: int) -> d
     }
 
 
+def count_syncs(runner, rt, specs, prompt, batch: int, tokens: int) -> dict:
+    """Synchronizing CUDA calls (torch's sync debug mode, as warnings) in one overlapped guided
+    run after a warm one, grouped by the Python line that made them."""
+    import collections
+    import warnings
+
+    import torch
+
+    run_cell(runner, rt, specs, prompt, batch, "guided-overlap", tokens)  # warm
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cell = run_cell(runner, rt, specs, prompt, batch, "guided-overlap", tokens)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    sync = [w for w in caught if "synchroniz" in str(w.message)]
+    callers = collections.Counter(f"{os.path.relpath(w.filename)}:{w.lineno}" for w in sync)
+    return {"batch": batch, "steps": cell["steps"], "total": len(sync),
+            "by_caller": dict(callers.most_common())}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("simulated", "torch", "paddle"), default="simulated")
@@ -93,21 +125,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--maskbench", default=os.environ.get("PG_MASKBENCH_DIR",
                                                          "/work/shared/data/maskbench"))
     p.add_argument("--fill-threads", type=int, default=2)
+    p.add_argument("--model-folder", help="random weights of this folder's model (see above)")
+    p.add_argument("--count-syncs", action="store_true",
+                   help="with --cuda: one more overlapped run under torch's sync debug mode, "
+                        "counting the synchronizing CUDA calls per step and where they are")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
 
     from portable_guided.runners.weights import encode_chat, load_tokenizer
-    from portable_guided.runtime import GrammarRuntime
+    from portable_guided.runtime import GrammarRuntime, load_tokenizer_info
 
-    rt = GrammarRuntime("smollm2", engine="xgrammar", fill_threads=args.fill_threads)
-    specs = load_schemas(args.maskbench, max(args.batches))
-    prompt = encode_chat(load_tokenizer(), "Reply with a short JSON object.")
     runner = make_runner(args)
+    tokenizer = getattr(runner, "tokenizer", None) or load_tokenizer()
+    info = "smollm2"
+    if args.model_folder:
+        info = load_tokenizer_info(tokenizer, vocab_size=runner.vocab_size,
+                                   stop_token_ids=[runner.eos_token_id])
+    rt = GrammarRuntime(info, engine="xgrammar", fill_threads=args.fill_threads)
+    specs = load_schemas(args.maskbench, max(args.batches))
+    prompt = encode_chat(tokenizer, "Reply with a short JSON object.")
     run_cell(runner, rt, specs, prompt, min(args.batches), "guided-overlap", 4)  # warm up
 
     rows = []
     print(f"device={args.device} forward_ms={args.forward_ms if args.device == 'simulated' else '-'}"
-          f" tokens={args.tokens} repeat={args.repeat} (shared 2-core machine: medians)")
+          f" tokens={args.tokens} repeat={args.repeat} (medians)")
     print(f"{'batch':>5} {'mode':>15} {'step ms':>9} {'ms/token':>9} {'grammar ms':>10}"
           f" {'visible ms':>10} {'overhead':>9}")
     for batch in args.batches:
@@ -125,15 +166,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{batch:>5} {mode:>15} {m['step_ms']:>9.2f} {m['ms_per_token']:>9.2f}"
                   f" {m['grammar_ms_per_step']:>10.2f} {m['visible_grammar_ms_per_step']:>10.2f}"
                   f" {100 * m['visible_overhead_share']:>8.1f}%")
+    syncs = None
+    if args.cuda and args.count_syncs:
+        syncs = count_syncs(runner, rt, specs, prompt, max(args.batches), args.tokens)
+        print(f"synchronizing CUDA calls in an overlapped run: {syncs['total']} over "
+              f"{syncs['steps']} steps; by caller: {syncs['by_caller']}")
     if args.json:
         from importlib.metadata import version
 
         meta = {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": f"{host_platform.machine()} {os.cpu_count()} cores, shared with other jobs",
+            "machine": f"{host_platform.machine()} {os.cpu_count()} cores",
             "python": host_platform.python_version(), "numpy": version("numpy"),
             "xgrammar": version("xgrammar"), "torch": version("torch"),
             "device": args.device, "cuda": args.cuda,
+            "gpu": _gpu_name() if args.cuda else None,
+            "weights": "random (SmolLM2 shapes)" if args.model_folder else "SmolLM2 GGUF",
             "forward_ms": args.forward_ms if args.device == "simulated" else None,
             "tokens": args.tokens, "repeat": args.repeat, "fill_threads": args.fill_threads,
             "schemas": "MaskBench Glaiveai2K (first N), xgrammar, compact JSON",
@@ -141,9 +189,15 @@ def main(argv: list[str] | None = None) -> int:
         }
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+            json.dump({"meta": meta, "rows": rows, "syncs": syncs}, f, indent=1)
     rt.close()
     return 0
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
 
 
 if __name__ == "__main__":

@@ -35,13 +35,19 @@ def _case(rng, batch=5, width=50_000, dense_rows=(1,)):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("bitmask_on", ["cpu", "cuda"])
 @pytest.mark.parametrize("indices", [None, [3, 0], "tensor"])
-def test_torch_matches_reference(dtype, bitmask_on, indices):
+@pytest.mark.parametrize("kernel", ["triton", "xgrammar-triton", "xgrammar-cuda"])
+def test_torch_matches_reference(dtype, bitmask_on, indices, kernel, monkeypatch):
     import torch
 
+    monkeypatch.setenv("PORTABLE_GUIDED_CUDA_KERNEL", kernel)
     rng = np.random.default_rng(1)
     values, bitmask = _case(rng)
     wide = make(values, "torch", dtype, device="cuda")
-    logits = wide[:, 3:-4]  # strided rows
+    logits = wide[:, 3:-4]  # strided rows, not 16-byte aligned: always the Triton kernel
+    if kernel == "xgrammar-cuda" and indices is None:
+        logits = wide[:, 8:-4]  # aligned first row, odd row stride: its scalar path
+    elif kernel == "xgrammar-cuda" and indices == "tensor":
+        logits = wide[:, :-7].contiguous()  # row stride a multiple of 4: its float4 path
     before = to_f32(logits)
     index_arg = torch.tensor([3, 0], device="cuda") if indices == "tensor" else indices
     index_list = [3, 0] if indices else None

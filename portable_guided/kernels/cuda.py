@@ -1,14 +1,20 @@
 """The in-place CUDA/ROCm kernel for Torch and Paddle logits.
 
-Torch logits go to xgrammar's Triton kernel. Paddle logits become a zero-copy Torch view
-through DLPack and are masked in Paddle's memory, on Paddle's current stream. A host bitmask
-(and the row indices) go to the device in one non-blocking copy from pinned memory; nothing in
-the call waits for the device.
+Torch logits go to our Triton kernel (:mod:`.triton_mask`). Paddle logits become a zero-copy
+Torch view through DLPack and are masked in Paddle's memory, on Paddle's current stream. A host
+bitmask (and the row indices) go to the device in one non-blocking copy from pinned memory;
+nothing in the call waits for the device.
+
+``PORTABLE_GUIDED_CUDA_KERNEL`` picks another kernel: ``xgrammar-triton`` (xgrammar's Triton
+kernel, the default until 0.1.0) or ``xgrammar-cuda`` (xgrammar's CUDA kernel, where the rows
+start 16-byte aligned; xgrammar builds it with ``nvcc`` the first time it is imported, about
+a minute, then Torch caches it).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -20,24 +26,27 @@ from ..validation import MaskPlan
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["apply_cuda_torch", "apply_cuda_paddle", "PinnedStaging"]
+__all__ = ["KERNELS", "KERNEL_ENV_VAR", "apply_cuda_torch", "apply_cuda_paddle", "PinnedStaging"]
 
-# Torch and xgrammar's Triton kernel are imported on first use, so importing this module stays
-# light. A missing xgrammar or Triton still fails here, when the platform first loads its kernel,
-# so the error carries the platform's install hint (Platform.kernel_for).
+# Torch and the Triton kernels are imported on first use, so importing this module stays light.
+# A missing Triton still fails here, when the platform first loads its kernel, so the error
+# carries the platform's install hint (Platform.kernel_for).
 def _require(*modules: str) -> None:
     for module in modules:
         if importlib.util.find_spec(module) is None:
             raise ImportError(f"No module named {module!r}", name=module)
 
 
-_require("xgrammar", "triton")
+_require("triton")
 
 _triton_apply: Any = None
+_cuda_apply: Any = None
+_own_apply: Any = None
+KERNEL_ENV_VAR = "PORTABLE_GUIDED_CUDA_KERNEL"
 
 
-def _triton_kernel() -> Any:
-    """xgrammar's in-place Triton kernel (imported once, on the first CUDA apply)."""
+def _xgrammar_triton_kernel() -> Any:
+    """xgrammar's in-place Triton kernel (imported once, on first use)."""
     global _triton_apply
     if _triton_apply is None:
         from xgrammar.kernels.apply_token_bitmask_inplace_triton import (
@@ -46,6 +55,37 @@ def _triton_kernel() -> Any:
 
         _triton_apply = apply_token_bitmask_inplace_triton
     return _triton_apply
+
+
+KERNELS = ("triton", "xgrammar-triton", "xgrammar-cuda")
+
+
+def _kernel_choice() -> str:
+    choice = os.environ.get(KERNEL_ENV_VAR) or KERNELS[0]
+    if choice not in KERNELS:
+        raise ValueError(f"{KERNEL_ENV_VAR} must be one of {KERNELS}, got {choice!r}")
+    return choice
+
+
+def _own_triton_kernel() -> Any:
+    global _own_apply
+    if _own_apply is None:
+        from .triton_mask import apply_triton
+
+        _own_apply = apply_triton
+    return _own_apply
+
+
+def _xgrammar_cuda_kernel() -> Any:
+    """xgrammar's CUDA kernel (built by xgrammar with nvcc on first import, then cached)."""
+    global _cuda_apply
+    if _cuda_apply is None:
+        from xgrammar.kernels.apply_token_bitmask_inplace_cuda import (
+            apply_token_bitmask_inplace_cuda,
+        )
+
+        _cuda_apply = apply_token_bitmask_inplace_cuda
+    return _cuda_apply
 
 
 class PinnedStaging:
@@ -126,7 +166,14 @@ def apply_cuda_torch(logits: torch.Tensor, bitmask: Any, plan: MaskPlan) -> torc
     mask, rows = _device_inputs(bitmask, plan, logits.device)
     if mask.stride() != (mask.shape[1], 1):
         mask = mask.contiguous()  # the kernel reads the row stride as the row length
-    _triton_kernel()(table, mask, plan.vocab_size, rows)
+    choice = _kernel_choice()
+    if choice == "xgrammar-cuda" and table.data_ptr() % 16 == 0:
+        # It masks min(width, 32 * words) columns: narrowing the view gives vocab_size.
+        _xgrammar_cuda_kernel()(table[:, : plan.vocab_size], mask, rows)
+    elif choice == "xgrammar-triton":
+        _xgrammar_triton_kernel()(table, mask, plan.vocab_size, rows)
+    else:
+        _own_triton_kernel()(table, mask, plan.vocab_size, rows)
     return logits
 
 

@@ -1,4 +1,4 @@
-"""CUDA and ROCm: xgrammar's Triton kernel in place; Paddle through zero-copy DLPack."""
+"""CUDA and ROCm: our Triton kernel in place; Paddle through zero-copy DLPack."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from ..platform import Platform
 from ._devices import missing
 
-_HINT = "pip install 'portable-guided[grammar]' triton (xgrammar's Triton kernel)"
+_HINT = "pip install triton (the in-place Triton kernel)"
 
 PLATFORM = Platform(
     name="cuda",

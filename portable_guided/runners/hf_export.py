@@ -22,14 +22,16 @@ _MARKER = "portable-guided-export.json"
 _FORMAT = 1
 
 
-def export_smollm2_hf(dest: str | os.PathLike[str]) -> str:
+def export_smollm2_hf(dest: str | os.PathLike[str], *, weights: bool = True) -> str:
     """Write SmolLM2-135M-Instruct (bf16) as a Hugging Face folder at ``dest``; return its path.
 
     Takes about 30 s and 260 MB the first time; later calls return at once. The folder is
     written next to ``dest`` and renamed into place, so a crash never leaves half a model.
+    ``weights=False`` writes the configuration and tokenizer only (about 3.5 MB), for
+    :meth:`TorchRunner.with_random_weights <portable_guided.runners.torch_runner.TorchRunner.with_random_weights>`.
     """
     dest = os.path.abspath(os.fspath(dest))
-    if _is_complete(dest):
+    if _is_complete(dest, weights):
         return dest
     import torch
     import transformers
@@ -58,9 +60,12 @@ def export_smollm2_hf(dest: str | os.PathLike[str]) -> str:
         _write_json(os.path.join(staging, "config.json"), config_dict)
         generation = {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id}
         _write_json(os.path.join(staging, "generation_config.json"), generation)
-        save_file(state, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
+        if weights:
+            save_file(state, os.path.join(staging, "model.safetensors"),
+                      metadata={"format": "pt"})
         tokenizer.save_pretrained(staging)
-        _write_json(os.path.join(staging, _MARKER), {"format": _FORMAT, "source": GGUF_FILE})
+        _write_json(os.path.join(staging, _MARKER),
+                    {"format": _FORMAT, "source": GGUF_FILE, "weights": weights})
         if os.path.exists(dest):
             shutil.rmtree(dest)
         os.replace(staging, dest)
@@ -70,10 +75,11 @@ def export_smollm2_hf(dest: str | os.PathLike[str]) -> str:
     return dest
 
 
-def _is_complete(folder: str) -> bool:
+def _is_complete(folder: str, weights: bool) -> bool:
     try:
         with open(os.path.join(folder, _MARKER), encoding="utf-8") as f:
-            return bool(json.load(f).get("format") == _FORMAT)
+            marker = json.load(f)
+            return bool(marker.get("format") == _FORMAT and marker.get("weights", True) == weights)
     except (OSError, ValueError):
         return False
 

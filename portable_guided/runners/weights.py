@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
-    "GGUF_FILE", "LlamaSpec", "encode_chat", "gguf_path", "load_hf_model", "load_tokenizer",
-    "numpy_weights",
+    "GGUF_FILE", "LlamaSpec", "encode_chat", "gguf_path", "load_folder", "load_hf_model",
+    "load_tokenizer", "numpy_weights", "random_weights",
 ]
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -123,6 +123,55 @@ def numpy_weights() -> tuple[LlamaSpec, dict[str, np.ndarray]]:
         if not (spec.tie_embeddings and name == "lm_head.weight")
     }
     return spec, weights
+
+
+def random_weights(spec: LlamaSpec, seed: int = 0) -> dict[str, np.ndarray]:
+    """Float32 weights of ``spec``'s shapes, drawn as ``transformers`` initializes a Llama
+    (normal, std 0.02; norms 1), under the Hugging Face names :func:`numpy_weights` uses.
+
+    For timing the real forward, or testing the runners' device mechanics, where the GGUF file
+    cannot be brought (a GPU machine reached through a transfer limit): the cost of a forward
+    does not depend on the values, but the tokens it picks are not the model's.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))
+
+    h, d = spec.hidden_size, spec.head_dim
+    weights = {
+        "model.embed_tokens.weight": normal(spec.vocab_size, h),
+        "model.norm.weight": np.ones(h, np.float32),
+    }
+    if not spec.tie_embeddings:
+        weights["lm_head.weight"] = normal(spec.vocab_size, h)
+    for i in range(spec.num_layers):
+        prefix = f"model.layers.{i}."
+        weights |= {
+            prefix + "input_layernorm.weight": np.ones(h, np.float32),
+            prefix + "post_attention_layernorm.weight": np.ones(h, np.float32),
+            prefix + "self_attn.q_proj.weight": normal(spec.num_heads * d, h),
+            prefix + "self_attn.k_proj.weight": normal(spec.num_kv_heads * d, h),
+            prefix + "self_attn.v_proj.weight": normal(spec.num_kv_heads * d, h),
+            prefix + "self_attn.o_proj.weight": normal(h, spec.num_heads * d),
+            prefix + "mlp.gate_proj.weight": normal(spec.intermediate_size, h),
+            prefix + "mlp.up_proj.weight": normal(spec.intermediate_size, h),
+            prefix + "mlp.down_proj.weight": normal(h, spec.intermediate_size),
+        }
+    return weights
+
+
+def load_folder(folder: str | os.PathLike[str]) -> tuple[LlamaSpec, Any]:
+    """The spec (from ``config.json``) and the tokenizer of a Hugging Face model folder, such
+    as :func:`portable_guided.runners.hf_export.export_smollm2_hf` writes (with or without its
+    weights)."""
+    import transformers
+
+    folder = os.fspath(folder)
+    config = transformers.AutoConfig.from_pretrained(folder)
+    return LlamaSpec.from_hf_config(config), transformers.AutoTokenizer.from_pretrained(folder)
 
 
 def encode_chat(tokenizer: Any, user: str, system: str | None = None) -> list[int]:

