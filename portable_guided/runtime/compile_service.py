@@ -45,8 +45,11 @@ log = logging.getLogger(__name__)
 #: multipleOf beside a range refused; 7-8: xgrammar length bounds as patterns, long repeats
 #: refused; 9: long length bounds as xgrammar's rule corrected, structural-tag schemas
 #: prepared as json_schema specs are; 10: `type` beside anyOf/oneOf/$ref refused on xgrammar
-#: (a cached grammar would keep accepting other types), oneOf of value lists as one enum.
-RUNTIME_CACHE_VERSION = "11"
+#: (a cached grammar would keep accepting other types), oneOf of value lists as one enum;
+#: 11: our exact number-range and minLength rules in xgrammar's grammar, llguidance's range
+#: holes refused or filled; 12: one reader of plain number ranges (a bound that is not a
+#: finite number now leaves the node to the engines as written on llguidance too).
+RUNTIME_CACHE_VERSION = "12"
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
 #: receiving the worker's serialized grammar. Kept at 0.1 s by measurement (xgrammar 0.2.8,

@@ -35,7 +35,7 @@ from .xgrammar_patterns import (
 )
 
 __all__ = ["XGRAMMAR_FORMATS", "length_pattern", "llguidance_exact_numbers",
-           "llguidance_unsupported", "map_schemas",
+           "llguidance_unsupported", "map_schemas", "plain_number_range",
            "node_patterns", "strict_schema", "xgrammar_exact_strings", "xgrammar_open_schema", "xgrammar_strict_schema",
            "xgrammar_unsupported"]
 
@@ -183,13 +183,29 @@ def llguidance_exact_numbers(schema: Any, text: str) -> str:
     return json.dumps(out) if added else text
 
 
-def _cut_bound_values(node: Mapping[str, Any]) -> list[float]:
+def plain_number_range(node: Mapping[str, Any]) -> dict[str, Decimal] | None:
+    """The bounds (``minimum``, ``exclusiveMaximum``...: each a decimal as written) of a
+    schema that holds only a type including ``number``, at least one finite numeric bound
+    and annotations, so that its numbers are exactly the range; ``None`` for any other."""
     types = node.get("type")
     if not (types == "number" or isinstance(types, list) and "number" in types):
+        return None
+    if not _RANGE_KEYS & node.keys():
+        return None
+    for key, value in node.items():
+        if key in _RANGE_KEYS:
+            if not _is_number(value):
+                return None
+        elif key != "type" and key not in ANNOTATIONS:
+            return None
+    # repr: the shortest text of the float, what the schema's author wrote
+    return {k: Decimal(repr(node[k])) for k in _RANGE_KEYS if k in node}
+
+
+def _cut_bound_values(node: Mapping[str, Any]) -> list[float]:
+    bounds = plain_number_range(node)  # (a value must meet every keyword: only plain ranges)
+    if bounds is None:
         return []
-    if any(k != "type" and k not in _RANGE_KEYS and k not in ANNOTATIONS for k in node):
-        return []  # (a value must meet every keyword: only plain ranges)
-    bounds = {k: Decimal(repr(node[k])) for k in _RANGE_KEYS if _is_number(node.get(k))}
     candidates = []
     for key, sign in (("maximum", 1), ("exclusiveMaximum", 1), ("minimum", -1),
                       ("exclusiveMinimum", -1)):

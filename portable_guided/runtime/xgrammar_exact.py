@@ -27,14 +27,13 @@ pattern costs 10-400 ms.
 from __future__ import annotations
 
 import json
-import math
 import secrets
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
 from .engines.base import UnsupportedSpec
-from .json_semantics import ANNOTATIONS, map_schemas
+from .json_semantics import ANNOTATIONS, map_schemas, plain_number_range
 from .xgrammar_patterns import MAX_ESCAPED_MIN_LENGTH
 
 __all__ = ["exact_placeholders", "min_length_rules", "range_rules", "substitute_exact"]
@@ -49,12 +48,13 @@ _PLACEHOLDER = f"pg-exact-{secrets.token_hex(8)}-"
 Bound = tuple[Decimal, bool]
 
 
-def _tightest(node: Mapping[str, Any], keys: Mapping[str, bool], lower: bool) -> Bound | None:
+def _tightest(bounds: Mapping[str, Decimal], keys: Mapping[str, bool],
+              lower: bool) -> Bound | None:
     best: Bound | None = None
     for key, strict in keys.items():
-        if key not in node:
+        if key not in bounds:
             continue
-        value = Decimal(repr(node[key]))  # the shortest text of the float: what was written
+        value = bounds[key]
         if best is None or (value > best[0] if lower else value < best[0]) or (
                 value == best[0] and strict):
             best = (value, strict)
@@ -62,19 +62,14 @@ def _tightest(node: Mapping[str, Any], keys: Mapping[str, bool], lower: bool) ->
 
 
 def _range(node: Mapping[str, Any]) -> tuple[Bound | None, Bound | None] | None:
-    """The bounds of a schema that holds only a type including ``number``, bounds and
-    annotations (its numbers are exactly the range), else ``None``."""
+    """The tightest lower and upper bounds of a plain number range
+    (:func:`~.json_semantics.plain_number_range`) whose type does not also name
+    ``integer``, else ``None``."""
     types = node.get("type")
-    if not (types == "number" or isinstance(types, list) and "number" in types
-            and "integer" not in types) or not (_LOWER.keys() | _UPPER.keys()) & node.keys():
+    bounds = plain_number_range(node)
+    if bounds is None or isinstance(types, list) and "integer" in types:
         return None
-    for key, value in node.items():
-        if key in _LOWER or key in _UPPER:
-            if type(value) not in (int, float) or not math.isfinite(value):
-                return None
-        elif key != "type" and key not in ANNOTATIONS:
-            return None
-    return _tightest(node, _LOWER, True), _tightest(node, _UPPER, False)
+    return _tightest(bounds, _LOWER, True), _tightest(bounds, _UPPER, False)
 
 
 def _min_length(node: Mapping[str, Any]) -> int | None:
