@@ -15,10 +15,14 @@ Check it first under Triton's interpreter on the CPU::
 
 from __future__ import annotations
 
+import os
+import sys
+
 import triton
 import triton.language as tl
 
-BLOCK = 2048
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from portable_guided.kernels.triton_mask import BLOCK, apply_triton
 
 
 @triton.jit
@@ -57,25 +61,13 @@ def _dense_kernel(
 
 def apply_dense(table, bitmask, vocab_size, rows):
     """Same contract as ``portable_guided.kernels.triton_mask.apply_triton``."""
-    count = table.shape[0] if rows is None else rows.shape[0]
-    if count == 0 or vocab_size == 0:
-        return
-    grid = (count, triton.cdiv(vocab_size, BLOCK))
-    _dense_kernel[grid](
-        table, bitmask, rows if rows is not None else bitmask, vocab_size,
-        table.stride(0), bitmask.stride(0),
-        HAS_ROWS=rows is not None, BLOCK_SIZE=BLOCK, num_warps=8,
-    )
+    apply_triton(table, bitmask, vocab_size, rows, kernel=_dense_kernel)
 
 
 if __name__ == "__main__":  # parity against the NumPy reference (interpreter or GPU)
-    import os
-    import sys
-
     import numpy as np
     import torch
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     from portable_guided import reference_apply_token_mask as reference
 
     device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
