@@ -53,8 +53,9 @@ class MaskPlan:
 
     @property
     def is_noop(self) -> bool:
-        """True when the call has nothing to mask (no rows selected or no columns)."""
-        return self.vocab_size == 0 or (self.rows is not None and self.rows.size == 0)
+        """True when the call has nothing to mask (no rows, no rows selected or no columns)."""
+        return self.vocab_size == 0 or self.batch == 0 or (
+            self.rows is not None and self.rows.size == 0)
 
     @property
     def masked_rows(self) -> np.ndarray:
@@ -130,7 +131,10 @@ def _has_internal_overlap(shape: tuple[int, ...], strides: tuple[int, ...]) -> b
     """True when two different indices of a view with ``shape`` and element ``strides`` may
     address the same element (``expand``, ``as_strided``): masking one row would write
     another. Dimensions are taken from the smallest stride up; each must step over
-    everything the smaller ones span (a sufficient test, as Torch's own)."""
+    everything the smaller ones span (a sufficient test, as Torch's own). An empty view
+    has no elements to share (NumPy gives it zero strides)."""
+    if 0 in shape:
+        return False
     span = 1
     for stride, size in sorted((abs(s), n) for n, s in zip(shape, strides) if n > 1):
         if stride < span:

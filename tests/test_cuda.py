@@ -39,6 +39,8 @@ def _case(rng, batch=5, width=50_000, dense_rows=(1,)):
 def test_torch_matches_reference(dtype, bitmask_on, indices, kernel, monkeypatch):
     import torch
 
+    if kernel.startswith("xgrammar"):
+        pytest.importorskip("xgrammar")
     monkeypatch.setenv("PORTABLE_GUIDED_CUDA_KERNEL", kernel)
     rng = np.random.default_rng(1)
     values, bitmask = _case(rng)
@@ -58,6 +60,33 @@ def test_torch_matches_reference(dtype, bitmask_on, indices, kernel, monkeypatch
                               indices=index_arg)
     assert out is logits
     np.testing.assert_array_equal(to_f32(logits), expected)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("vocab_size", [1000, 997])
+@pytest.mark.parametrize("kernel", ["triton", "xgrammar-triton", "xgrammar-cuda"])
+def test_torch_vocab_size_with_a_wider_bitmask(dtype, vocab_size, kernel, monkeypatch):
+    """A bitmask wider than the vocabulary and a vocab_size that ends inside a 16-byte group
+    (997): xgrammar's CUDA kernel would write past it, so that call must take ours."""
+    import torch
+
+    import portable_guided.kernels.cuda as cuda_kernels
+
+    if kernel.startswith("xgrammar"):
+        pytest.importorskip("xgrammar")
+    monkeypatch.setenv("PORTABLE_GUIDED_CUDA_KERNEL", kernel)
+    calls = []
+    real = cuda_kernels._xgrammar_cuda_kernel
+    monkeypatch.setattr(cuda_kernels, "_xgrammar_cuda_kernel",
+                        lambda: (calls.append(1), real())[1])
+    rng = np.random.default_rng(4)
+    values = rng.standard_normal((4, 1024)).astype(np.float32)
+    bitmask = rng.integers(-2**31, 2**31, (4, 40), dtype=np.int64).astype(np.int32)
+    logits = make(values, "torch", dtype, device="cuda")
+    expected = reference(to_f32(logits), bitmask, vocab_size=vocab_size)
+    pg.apply_token_mask(logits, torch.from_numpy(bitmask).cuda(), vocab_size=vocab_size)
+    np.testing.assert_array_equal(to_f32(logits), expected)
+    assert len(calls) == (kernel == "xgrammar-cuda" and vocab_size == 1000)
 
 
 def test_torch_host_bitmask_call_does_not_synchronize():

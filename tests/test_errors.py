@@ -161,3 +161,22 @@ def test_logits_with_strided_columns_are_masked_like_the_reference(framework):
     logits = make(base, framework).T
     pg.apply_token_mask(logits, bitmask)
     np.testing.assert_array_equal(to_f32(logits), expected)
+
+
+def test_an_empty_batch_is_a_no_op_for_every_kernel():
+    from portable_guided.validation import plan_mask
+
+    logits = np.zeros((0, 64), np.float32)
+    bitmask = np.zeros((0, 2), np.int32)
+    assert plan_mask(logits, bitmask, indices=None, vocab_size=None, stacklevel=1,
+                     framework="numpy", device_type="cpu").is_noop
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_apply_token_mask_takes_an_empty_batch(framework):
+    logits = np.zeros((0, 64), np.float32)
+    bitmask = np.zeros((0, 2), np.int32)
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        logits, bitmask = torch.from_numpy(logits), torch.from_numpy(bitmask)
+    assert pg.apply_token_mask(logits, bitmask) is logits

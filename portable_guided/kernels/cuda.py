@@ -122,7 +122,7 @@ class PinnedStaging:
         staged.numpy()[:] = host
         on_device = staged.to(device, non_blocking=True)
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(device))  # the copy's stream, on its device
         self._events[turn] = event
         return on_device
 
@@ -167,14 +167,27 @@ def apply_cuda_torch(logits: torch.Tensor, bitmask: Any, plan: MaskPlan) -> torc
     if mask.stride() != (mask.shape[1], 1):
         mask = mask.contiguous()  # the kernel reads the row stride as the row length
     choice = _kernel_choice()
-    if choice == "xgrammar-cuda" and table.data_ptr() % 16 == 0:
-        # It masks min(width, 32 * words) columns: narrowing the view gives vocab_size.
-        _xgrammar_cuda_kernel()(table[:, : plan.vocab_size], mask, rows)
+    if choice != "triton" and table.shape[0] * table.stride(0) >= 2**31:
+        choice = "triton"  # xgrammar's kernels address rows with 32-bit offsets
+    if choice == "xgrammar-cuda" and _fits_xgrammar_cuda(table, plan.vocab_size):
+        # It masks min(width, 32 * words) columns and wants no more words than the width
+        # needs: narrowing both views gives exactly vocab_size.
+        words = -(-plan.vocab_size // 32)
+        _xgrammar_cuda_kernel()(table[:, : plan.vocab_size], mask[:, :words], rows)
     elif choice == "xgrammar-triton":
         _xgrammar_triton_kernel()(table, mask, plan.vocab_size, rows)
     else:
         _own_triton_kernel()(table, mask, plan.vocab_size, rows)
     return logits
+
+
+def _fits_xgrammar_cuda(table: torch.Tensor, vocab_size: int) -> bool:
+    """Whether xgrammar's CUDA kernel masks exactly ``vocab_size`` columns of ``table``: it
+    reads 16-byte groups when the row stride allows, and then also writes the columns of the
+    last group past ``vocab_size``; its first row must start 16-byte aligned."""
+    group = 16 // table.element_size()
+    return table.data_ptr() % 16 == 0 and (
+        vocab_size % group == 0 or table.stride(0) % group != 0)
 
 
 def apply_cuda_paddle(logits: Any, bitmask: Any, plan: MaskPlan) -> Any:

@@ -79,7 +79,9 @@ def _is_complete(folder: str, weights: bool) -> bool:
     try:
         with open(os.path.join(folder, _MARKER), encoding="utf-8") as f:
             marker = json.load(f)
-            return bool(marker.get("format") == _FORMAT and marker.get("weights", True) == weights)
+            # A full export also serves a call that wants no weights.
+            has_weights = marker.get("weights", True)
+            return bool(marker.get("format") == _FORMAT and (has_weights or not weights))
     except (OSError, ValueError):
         return False
 

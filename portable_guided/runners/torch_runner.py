@@ -300,7 +300,7 @@ class TorchRunner(SlotLengths):
         before its copy has run, so the source stays valid.
         """
         if not self._cuda:
-            return torch.as_tensor(values)
+            return torch.as_tensor(values, device=self.device)
         host = torch.as_tensor(values)
         return host.pin_memory().to(self.device, non_blocking=True)
 

@@ -226,14 +226,19 @@ def _cut_bound_values(node: Mapping[str, Any]) -> list[float]:
 
 
 def _is_number(value: Any) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
+    # (math.isfinite overflows on a huge int, which is finite anyway)
+    return type(value) is int or type(value) is float and math.isfinite(value)
+
+
+def _is_integral(value: float) -> bool:
+    return type(value) is int or value.is_integer()
 
 
 def _llguidance_range_hole(low: tuple[float, bool], high: tuple[float, bool]) -> bool:
     (lo, lo_exclusive), (hi, hi_exclusive) = low, high
-    if lo_exclusive and lo >= 0 and float(lo).is_integer() and lo < hi < lo + 1:
+    if lo_exclusive and lo >= 0 and _is_integral(lo) and lo < hi < lo + 1:
         return True
-    if hi_exclusive and hi < 0 and float(hi).is_integer() and hi - 1 < lo < hi:
+    if hi_exclusive and hi < 0 and _is_integral(hi) and hi - 1 < lo < hi:
         return True
     return hi_exclusive and hi == 0 and -1 < lo < 0
 

@@ -1,0 +1,31 @@
+"""Which CUDA kernel a call takes is decided on the host, so it is checked here on CPU tensors
+(the kernels themselves run in tests/test_cuda.py on a GPU and tests/test_triton_mask.py under
+Triton's interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from portable_guided.kernels.cuda import _fits_xgrammar_cuda
+
+
+@pytest.mark.parametrize(("dtype", "width", "vocab", "fits"), [
+    # rows whose stride is a multiple of the 16-byte group: the vocabulary must end a group,
+    # else xgrammar's kernel writes -inf past it
+    ("float32", 64, 32, True), ("float32", 64, 30, False),
+    ("bfloat16", 64, 40, True), ("bfloat16", 64, 44, False),
+    # an odd row stride takes its one-element path: any vocabulary
+    ("float32", 63, 30, True), ("float16", 61, 45, True),
+])
+def test_xgrammar_cuda_kernel_only_where_it_masks_exactly_vocab_size(dtype, width, vocab, fits):
+    table = torch.zeros(3, width, dtype=getattr(torch, dtype))
+    assert _fits_xgrammar_cuda(table, vocab) is fits
+
+
+def test_xgrammar_cuda_kernel_not_for_rows_that_start_unaligned():
+    wide = torch.zeros(2, 67, dtype=torch.float32)
+    assert not _fits_xgrammar_cuda(wide[:, 1:], 64)  # 4 bytes past an aligned start
+    assert _fits_xgrammar_cuda(wide[:, 4:], 60) is (wide[:, 4:].data_ptr() % 16 == 0)
