@@ -13,6 +13,7 @@ a minute, then Torch caches it).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import threading
@@ -39,24 +40,7 @@ def _require(*modules: str) -> None:
 
 _require("triton")
 
-_triton_apply: Any = None
-_cuda_apply: Any = None
-_own_apply: Any = None
 KERNEL_ENV_VAR = "PORTABLE_GUIDED_CUDA_KERNEL"
-
-
-def _xgrammar_triton_kernel() -> Any:
-    """xgrammar's in-place Triton kernel (imported once, on first use)."""
-    global _triton_apply
-    if _triton_apply is None:
-        from xgrammar.kernels.apply_token_bitmask_inplace_triton import (
-            apply_token_bitmask_inplace_triton,
-        )
-
-        _triton_apply = apply_token_bitmask_inplace_triton
-    return _triton_apply
-
-
 KERNELS = ("triton", "xgrammar-triton", "xgrammar-cuda")
 
 
@@ -67,25 +51,31 @@ def _kernel_choice() -> str:
     return choice
 
 
+# Each kernel is imported once, on its first use.
+@functools.cache
 def _own_triton_kernel() -> Any:
-    global _own_apply
-    if _own_apply is None:
-        from .triton_mask import apply_triton
+    from .triton_mask import apply_triton
 
-        _own_apply = apply_triton
-    return _own_apply
+    return apply_triton
 
 
+@functools.cache
+def _xgrammar_triton_kernel() -> Any:
+    from xgrammar.kernels.apply_token_bitmask_inplace_triton import (
+        apply_token_bitmask_inplace_triton,
+    )
+
+    return apply_token_bitmask_inplace_triton
+
+
+@functools.cache
 def _xgrammar_cuda_kernel() -> Any:
     """xgrammar's CUDA kernel (built by xgrammar with nvcc on first import, then cached)."""
-    global _cuda_apply
-    if _cuda_apply is None:
-        from xgrammar.kernels.apply_token_bitmask_inplace_cuda import (
-            apply_token_bitmask_inplace_cuda,
-        )
+    from xgrammar.kernels.apply_token_bitmask_inplace_cuda import (
+        apply_token_bitmask_inplace_cuda,
+    )
 
-        _cuda_apply = apply_token_bitmask_inplace_cuda
-    return _cuda_apply
+    return apply_token_bitmask_inplace_cuda
 
 
 class PinnedStaging:

@@ -37,6 +37,11 @@ from portable_guided.runners.weights import (
 __all__ = ["TorchLlama", "TorchRunner"]
 
 
+def _device(name: str | None) -> torch.device:
+    """``name``, or CUDA when there is one, else the CPU."""
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     var = x.pow(2).mean(-1, keepdim=True)
     return x * torch.rsqrt(var + eps) * weight
@@ -213,7 +218,7 @@ class TorchRunner(SlotLengths):
         """Load SmolLM2 (once per process) onto ``device`` (default: CUDA if available)."""
         hf = load_hf_model()
         spec = LlamaSpec.from_hf_config(hf.config)
-        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dev = _device(device)
         weights = {
             k: v for k, v in hf.state_dict().items()
             if not (spec.tie_embeddings and k == "lm_head.weight")
@@ -228,9 +233,8 @@ class TorchRunner(SlotLengths):
         :func:`~portable_guided.runners.weights.random_weights`: the real forward's cost and
         device mechanics where the GGUF weights cannot be brought (not the model's tokens)."""
         spec, tokenizer = load_folder(folder)
-        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         weights = {k: torch.from_numpy(v) for k, v in random_weights(spec, seed).items()}
-        return cls(TorchLlama(spec, weights, dev), tokenizer)
+        return cls(TorchLlama(spec, weights, _device(device)), tokenizer)
 
     # -- KV cache -------------------------------------------------------------------------
     def reset(self, max_slots: int, max_len: int) -> None:
