@@ -4,12 +4,13 @@ Triton's interpreter)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from portable_guided.kernels.cuda import _fits_xgrammar_cuda
+from portable_guided.kernels.cuda import _fits_xgrammar_cuda, fill_end_to_end
 
 
 @pytest.mark.parametrize(("dtype", "width", "vocab", "fits"), [
@@ -29,3 +30,16 @@ def test_xgrammar_cuda_kernel_not_for_rows_that_start_unaligned():
     wide = torch.zeros(2, 67, dtype=torch.float32)
     assert not _fits_xgrammar_cuda(wide[:, 1:], 64)  # 4 bytes past an aligned start
     assert _fits_xgrammar_cuda(wide[:, 4:], 60) is (wide[:, 4:].data_ptr() % 16 == 0)
+
+
+def test_host_bitmask_and_rows_are_staged_end_to_end_in_one_copy_each():
+    """The pinned staging buffer receives the bitmask (any strides) and then the row indices,
+    exactly as a concatenation would lay them out, without building the concatenation."""
+    wide = np.arange(5 * 7, dtype=np.int32).reshape(5, 7)
+    bitmask = wide[:, 1:4]  # strided: a column slice of a wider array
+    rows = np.array([4, 0, 2], np.int32)
+    target = np.full(bitmask.size + rows.size, -7, np.int32)
+    fill_end_to_end(target, [bitmask, rows])
+    np.testing.assert_array_equal(target, np.concatenate([bitmask.reshape(-1), rows]))
+    with pytest.raises(ValueError, match="parts hold 15 elements for a target of 18"):
+        fill_end_to_end(target, [bitmask])

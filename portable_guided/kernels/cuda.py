@@ -17,6 +17,7 @@ import functools
 import importlib.util
 import os
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +28,8 @@ from ..validation import MaskPlan
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["KERNELS", "KERNEL_ENV_VAR", "apply_cuda_torch", "apply_cuda_paddle", "PinnedStaging"]
+__all__ = ["KERNELS", "KERNEL_ENV_VAR", "apply_cuda_torch", "apply_cuda_paddle", "PinnedStaging",
+           "fill_end_to_end"]
 
 # Torch and the Triton kernels are imported on first use, so importing this module stays light.
 # A missing Triton still fails here, when the platform first loads its kernel, so the error
@@ -92,29 +94,42 @@ class PinnedStaging:
         self._turn = 0
         self._lock = threading.Lock()
 
-    def to_device(self, host: np.ndarray, device: torch.device) -> torch.Tensor:
-        """Copy a 1-D int32 array to ``device`` without blocking; returns the device tensor."""
+    def to_device(self, parts: Sequence[np.ndarray], device: torch.device) -> torch.Tensor:
+        """Copy int32 arrays, laid end to end, to ``device`` without blocking: one copy of
+        each into the pinned buffer, one transfer. Returns the 1-D device tensor."""
         with self._lock:
-            return self._to_device(host, device)
+            return self._to_device(parts, device)
 
-    def _to_device(self, host: np.ndarray, device: torch.device) -> torch.Tensor:
+    def _to_device(self, parts: Sequence[np.ndarray], device: torch.device) -> torch.Tensor:
         import torch
 
+        size = sum(part.size for part in parts)
         turn, self._turn = self._turn, self._turn ^ 1
         event = self._events[turn]
         if event is not None:
             event.synchronize()
         buffer = self._buffers[turn]
-        if buffer is None or buffer.numel() < host.size:
-            buffer = torch.empty(max(host.size, 1024), dtype=torch.int32, pin_memory=True)
+        if buffer is None or buffer.numel() < size:
+            buffer = torch.empty(max(size, 1024), dtype=torch.int32, pin_memory=True)
             self._buffers[turn] = buffer
-        staged = buffer[: host.size]
-        staged.numpy()[:] = host
+        staged = buffer[:size]
+        fill_end_to_end(staged.numpy(), parts)
         on_device = staged.to(device, non_blocking=True)
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(device))  # the copy's stream, on its device
         self._events[turn] = event
         return on_device
+
+
+def fill_end_to_end(target: np.ndarray, parts: Sequence[np.ndarray]) -> None:
+    """Write ``parts`` (any shape and strides) one after another into the 1-D ``target``, in
+    C order, one copy each (no intermediate concatenation)."""
+    offset = 0
+    for part in parts:
+        target[offset : offset + part.size].reshape(part.shape)[...] = part
+        offset += part.size
+    if offset != target.size:
+        raise ValueError(f"parts hold {offset} elements for a target of {target.size}")
 
 
 _staging: dict[int, PinnedStaging] = {}
@@ -130,10 +145,10 @@ def _device_inputs(
         mask = to_torch(bitmask).reshape(shape)
         if rows is None:
             return mask, None
-        return mask, _staging_for(device).to_device(rows, device)
-    words = np.ascontiguousarray(host_int32(bitmask)).reshape(-1)
-    packed = words if rows is None else np.concatenate([words, rows])
-    on_device = _staging_for(device).to_device(packed, device)
+        return mask, _staging_for(device).to_device([rows], device)
+    words = host_int32(bitmask)
+    parts = [words] if rows is None else [words, rows]
+    on_device = _staging_for(device).to_device(parts, device)
     mask = on_device[: words.size].view(shape)
     return mask, None if rows is None else on_device[words.size :]
 
