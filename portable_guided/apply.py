@@ -63,8 +63,10 @@ def apply_token_mask(
     resolution = REGISTRY.resolve(logits, platform)
     plan = plan_mask(logits, bitmask, indices=indices, vocab_size=vocab_size, stacklevel=2,
                      framework=resolution.framework, device_type=resolution.device_type)
-    if plan.is_noop:
+    if plan.is_noop and resolution.platform.in_place:
         return logits
+    # A platform that returns a new array does so even with nothing to mask (its kernel then
+    # masks nothing): the caller may donate the result and still hold the input.
     return resolution.kernel(logits, bitmask, plan)
 
 

@@ -77,7 +77,9 @@ def mask_logits(
             padding) masks nothing. Logits rows no index names are left as they are. Valid
             indices must be distinct (checked on the host by :func:`device_bitmask`; under
             ``jit`` a duplicate leaves one of its rows applied). The mapping is explicit, so it
-            cannot depend on the order in which requests were sorted.
+            cannot depend on the order in which requests were sorted. With 64-bit types off
+            (JAX's default) a jitted function receives 64-bit indices narrowed to int32
+            before this function sees them; :func:`device_bitmask` checks them on the host.
         vocab_size: static int; mask only columns ``[0, vocab_size)``. Default: as many
             columns as both cover (a narrower bitmask warns, at trace time).
 
@@ -89,6 +91,11 @@ def mask_logits(
         TypeError, ValueError: shapes, dtypes or ``vocab_size`` that do not fit (they are
             static, so this happens at trace time and names the values).
     """
+    for name, value in (("logits", logits), ("bitmask", bitmask), ("indices", indices)):
+        if value is not None and not (hasattr(value, "shape") and hasattr(value, "dtype")):
+            raise TypeError(f"{name} must be a jax.Array (or NumPy array), got "
+                            f"{type(value).__name__} (device_bitmask builds both the bitmask "
+                            f"and the indices)")
     if logits.ndim not in (1, 2):
         raise ValueError(f"logits should be 1-D or 2-D, got shape {tuple(logits.shape)}")
     if bitmask.ndim != logits.ndim:
@@ -98,10 +105,11 @@ def mask_logits(
         raise TypeError(f"logits dtype must be float32, bfloat16 or float16, got {logits.dtype}")
     if bitmask.dtype not in (jnp.int32, jnp.uint32):
         raise TypeError(f"bitmask must be int32 (or uint32), got {bitmask.dtype}")
-    if logits.ndim == 1:
+    one_d = logits.ndim == 1
+    if one_d:
         if indices is not None:
             raise ValueError("indices need 2-D logits and bitmask")
-        return mask_logits(logits[None], bitmask[None], vocab_size=vocab_size)[0]
+        logits, bitmask = logits[None], bitmask[None]
 
     batch, width = logits.shape
     rows, words = bitmask.shape
@@ -128,10 +136,11 @@ def mask_logits(
         if indices.shape != (rows,) or not jnp.issubdtype(indices.dtype, jnp.integer):
             raise ValueError(f"indices must be an integer array of shape ({rows},) (one per "
                              f"bitmask row), got {indices.dtype} {tuple(indices.shape)}")
-        target = indices.astype(jnp.int32)
         # Out-of-range (padding) rows go to `batch`, which mode="drop" discards; negative
-        # indices would otherwise wrap around to the last rows.
-        target = jnp.where((target >= 0) & (target < batch), target, batch)
+        # indices would otherwise wrap around to the last rows. Checked in the indices' own
+        # dtype: narrowing first would turn 2**32 + 1 into row 1.
+        valid = (indices >= 0) & (indices < batch)
+        target = jnp.where(valid, indices, batch).astype(jnp.int32)
         full = jnp.full((batch, words), np.uint32(0xFFFFFFFF), jnp.uint32)
         mask = full.at[target].set(mask, mode="drop", unique_indices=False)
 
@@ -157,7 +166,8 @@ def mask_logits(
     keep = keep.reshape(batch, needed * 32)[:, :width].astype(bits_type)
     bits = lax.bitcast_convert_type(logits, bits_type)
     neg = lax.bitcast_convert_type(jnp.array(-jnp.inf, logits.dtype), bits_type)
-    return lax.bitcast_convert_type((bits & keep) | (neg & ~keep), logits.dtype)
+    masked = lax.bitcast_convert_type((bits & keep) | (neg & ~keep), logits.dtype)
+    return masked[0] if one_d else masked
 
 
 def device_bitmask(
@@ -195,6 +205,10 @@ def device_bitmask(
         rows_of = np.asarray(indices)
         if rows_of.size == 0:
             rows_of = rows_of.astype(np.int64)  # [] reads as float64
+        if rows_of.dtype == object and all(type(i) is int for i in rows_of.ravel()):
+            # Python ints past int64: out of range, not "not integers".
+            bad_ints = [i for i in rows_of.ravel() if not 0 <= i < logits_rows]
+            raise ValueError(f"indices {bad_ints[:8]} out of range [0, {logits_rows})")
         if rows_of.dtype == np.bool_ or not np.issubdtype(rows_of.dtype, np.integer):
             raise TypeError(f"indices must hold integers, got {rows_of.dtype}")
         if rows_of.shape != (rows,):

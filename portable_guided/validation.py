@@ -107,7 +107,11 @@ def _as_index_array(indices: Any, limit: int) -> np.ndarray:
                              f"[0, {limit})")
         return indices.astype(np.int64)
     # A device tensor costs one device-to-host copy here; pass a list to avoid it.
-    return np.asarray(indices.tolist(), dtype=np.int64)
+    values = indices.tolist()
+    if kind == "uint64" and any(i >= limit for i in values):  # past int64 too, possibly
+        raise ValueError(f"indices {[i for i in values if i >= limit][:8]} out of range "
+                         f"[0, {limit})")
+    return np.asarray(values, dtype=np.int64)
 
 
 def _element_strides(x: Any, framework: str) -> tuple[int, ...] | None:
@@ -206,6 +210,11 @@ def plan_mask(
     device_type = device_type or device_type_of(logits, framework)
     bitmask_device = device_type_of(bitmask, bitmask_framework)
     if bitmask_device not in ("cpu", device_type):
+        if bitmask_framework == "jax":  # its device type names JAX's backend ("jax:cpu")
+            raise ValueError(
+                f"a JAX bitmask must be on the logits' device ({device_type}), got one on "
+                f"{bitmask_device}; pass a NumPy array for a bitmask in host memory"
+            )
         raise ValueError(
             f"bitmask must be on the CPU or on the logits' device ({device_type}), "
             f"got {bitmask_device}"

@@ -78,21 +78,33 @@ def executable(shape: tuple[int, ...], dtype: Any, device: Any, *, donate: bool 
     return compiled
 
 
-@functools.lru_cache(maxsize=64)
-def _device_apply(vocab_size: int) -> Any:
-    """``mask_logits`` jitted for a bitmask already on the device (indices on the device)."""
-    import jax
+def _apply_device_bitmask(logits: jax.Array, bitmask: jax.Array, rows: jax.Array,
+                          vocab_size: jax.Array) -> jax.Array:
+    """``mask_logits`` for a bitmask already on the device, with ``vocab_size`` a traced scalar:
+    the bits of tokens at or past it are set here, so one graph per shape serves every
+    ``vocab_size``."""
+    import jax.numpy as jnp
+    from jax import lax
 
     from ..jax import mask_logits
 
-    def apply(logits: jax.Array, bitmask: jax.Array, rows: jax.Array) -> jax.Array:
-        width = logits.shape[-1]
-        words = bitmask.shape[-1]
-        masked = mask_logits(logits.reshape(-1, width), bitmask.reshape(-1, words), rows,
-                             vocab_size=vocab_size)
-        return masked.reshape(logits.shape)
+    width = logits.shape[-1]
+    words = bitmask.shape[-1]
+    # Per word: how many of its 32 tokens lie below vocab_size (0-32); the bits above allowed.
+    below = jnp.clip(vocab_size - 32 * jnp.arange(words, dtype=jnp.int32), 0, 32)
+    low = (jnp.uint32(1) << (below & 31).astype(jnp.uint32)) - jnp.uint32(1)
+    low = jnp.where(below >= 32, np.uint32(0xFFFFFFFF), low)
+    table = lax.bitcast_convert_type(bitmask.reshape(-1, words), jnp.uint32) | ~low
+    masked = mask_logits(logits.reshape(-1, width), table, rows,
+                         vocab_size=min(width, 32 * words))
+    return masked.reshape(logits.shape)
 
-    return jax.jit(apply)
+
+@functools.cache
+def _device_apply() -> Any:
+    import jax
+
+    return jax.jit(_apply_device_bitmask)
 
 
 def apply_static_jax(logits: jax.Array, bitmask: Any, plan: MaskPlan) -> jax.Array:
@@ -106,11 +118,15 @@ def apply_static_jax(logits: jax.Array, bitmask: Any, plan: MaskPlan) -> jax.Arr
         return compiled(logits, jax.device_put(mask, device))
     # A JAX bitmask on the device: row r of the bitmask masks logits row r, for the selected
     # rows; every other bitmask row maps to no row.
+    if bitmask.devices() != {device}:
+        raise ValueError(f"the bitmask is on {sorted(str(d) for d in bitmask.devices())} and the "
+                         f"logits on {device}: put both on one device (or pass a NumPy bitmask)")
     rows = np.full(plan.bitmask_rows, -1, np.int32)
     selected = plan.masked_rows
     rows[selected] = selected
-    masked: jax.Array = _device_apply(plan.vocab_size)(logits, bitmask,
-                                                       jax.device_put(rows, device))
+    vocab_size = np.int32(plan.vocab_size)
+    masked: jax.Array = _device_apply()(logits, bitmask,
+                                        *jax.device_put((rows, vocab_size), device))
     return masked
 
 

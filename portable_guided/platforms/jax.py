@@ -55,15 +55,20 @@ def synchronize(tensor: Any) -> None:
         tensor.block_until_ready()
 
 
-_EVENTS = {"compiles": 0, "compile_seconds": 0.0, "cache_hits": 0, "cache_misses": 0}
+_EVENTS = {"compile_events": 0, "compile_event_seconds": 0.0, "cache_hits": 0,
+           "cache_misses": 0, "cache_load_seconds": 0.0}
 _LISTENING = threading.Lock()
 _listener_registered = False
 
 
 def _on_duration(event: str, duration: float, **_: Any) -> None:
+    # JAX times compile-or-load: this event also fires when an executable comes from the
+    # persistent cache (then a cache hit and its retrieval time are recorded too).
     if event == "/jax/core/compile/backend_compile_duration":
-        _EVENTS["compiles"] += 1
-        _EVENTS["compile_seconds"] += duration
+        _EVENTS["compile_events"] += 1
+        _EVENTS["compile_event_seconds"] += duration
+    elif event == "/jax/compilation_cache/cache_retrieval_time_sec":
+        _EVENTS["cache_load_seconds"] += duration
 
 
 def _on_event(event: str, **_: Any) -> None:
@@ -95,6 +100,14 @@ class JaxPrecompile:
         if cache_dir is not None:
             import os
 
+            current = jax.config.jax_compilation_cache_dir
+            if current and os.path.abspath(current) != os.path.abspath(cache_dir):
+                # JAX keeps one persistent cache per process and does not move it once used:
+                # the new executables would silently land in the old directory.
+                raise RuntimeError(
+                    f"JAX's persistent compilation cache is already {current!r} in this "
+                    f"process; cannot use {cache_dir!r} too (one cache directory per process)"
+                )
             os.makedirs(cache_dir, exist_ok=True)
             jax.config.update("jax_compilation_cache_dir", cache_dir)
             # Cache every executable, however small or fast to compile.
@@ -107,16 +120,27 @@ class JaxPrecompile:
         if not requested:
             return self._jax.devices()[0]
         backend, _, index = requested.partition(":")
-        return self._jax.devices(backend)[int(index or 0)]
+        try:
+            devices = self._jax.devices(backend)
+        except RuntimeError as error:  # a backend JAX does not have here
+            raise ValueError(f"no JAX backend {backend!r} for device {requested!r}: "
+                             f"{error}") from None
+        if not (index or "0").isdigit() or int(index or 0) >= len(devices):
+            raise ValueError(f"no JAX device {requested!r}: the {backend} backend has "
+                             f"{len(devices)} ({', '.join(str(d) for d in devices)})")
+        return devices[int(index or 0)]
 
     def stats(self) -> Any:
-        """The process's compile counters so far (a ``CompileStats``)."""
+        """The process's compile counters so far (a ``CompileStats``): graphs compiled, not
+        executables loaded from the persistent cache."""
         from ..precompile import CompileStats
 
+        hits = int(_EVENTS["cache_hits"])
         return CompileStats(
-            compiles=int(_EVENTS["compiles"]),
-            compile_seconds=float(_EVENTS["compile_seconds"]),
-            cache_hits=int(_EVENTS["cache_hits"]),
+            compiles=max(0, int(_EVENTS["compile_events"]) - hits),
+            compile_seconds=max(0.0, float(_EVENTS["compile_event_seconds"])
+                                - float(_EVENTS["cache_load_seconds"])),
+            cache_hits=hits,
             cache_misses=int(_EVENTS["cache_misses"]),
         )
 

@@ -181,3 +181,82 @@ def test_multi_device_logits_are_refused_with_the_way_out():
                          check=False, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "these span 2" in out.stdout and "mask_logits inside your jit" in out.stdout, out.stdout
+
+
+def test_nothing_to_mask_still_returns_a_new_array():
+    """A caller may donate the result and keep the input: even with no row or column to mask
+    the result is not the input object."""
+    logits = jnp.arange(128, dtype=jnp.float32).reshape(2, 64)
+    bitmask = np.zeros((2, 2), np.int32)
+    for kwargs in ({"indices": []}, {"vocab_size": 0}):
+        result = pg.apply_token_mask(logits, bitmask, **kwargs)
+        assert result is not logits
+        np.testing.assert_array_equal(_f32(result), _f32(logits))
+        jax.jit(lambda x: x + 1, donate_argnums=0)(result)
+        assert not logits.is_deleted()
+
+
+def test_device_bitmask_compiles_once_for_every_vocab_size():
+    """``vocab_size`` is data for a bitmask on the device: one graph per shape."""
+    from tests.jax_platform.jax_support import count_compiles
+
+    rng = np.random.default_rng(4)
+    logits = _logits(rng, (3, 130), "float32")
+    host = random_bitmask(rng, 3, 5)
+    bitmask = jnp.asarray(host)
+    pg.apply_token_mask(logits, bitmask, vocab_size=129)  # first use of this shape compiles
+    with count_compiles() as compiles:
+        for vocab_size in (0, 1, 31, 32, 33, 100, 128, 130, None):
+            result = pg.apply_token_mask(logits, bitmask, vocab_size=vocab_size)
+            np.testing.assert_array_equal(
+                _f32(result), reference(_f32(logits), host, vocab_size=vocab_size))
+    assert compiles == []
+
+
+def test_a_jax_bitmask_for_numpy_logits_is_refused_with_the_way_out():
+    with pytest.raises(ValueError, match=r"a JAX bitmask must be on the logits' device \(cpu\), "
+                                         r"got one on jax:cpu; pass a NumPy array"):
+        pg.apply_token_mask(np.zeros((2, 64), np.float32), jnp.zeros((2, 2), jnp.int32))
+
+
+def test_a_bitmask_on_another_device_is_refused_naming_both():
+    code = (
+        "import numpy as np, jax, jax.numpy as jnp, portable_guided as pg\n"
+        "d0, d1 = jax.devices()[:2]\n"
+        "logits = jax.device_put(jnp.zeros((2, 64)), d0)\n"
+        "try:\n"
+        "    pg.apply_token_mask(logits, jax.device_put(np.zeros((2, 2), np.int32), d1))\n"
+        "except ValueError as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "the bitmask is on ['cpu:1'] and the logits on cpu:0" in out.stdout, out.stdout
+
+
+def test_64_bit_indices_with_x64_enabled():
+    """With JAX's 64-bit types on: uint64 indices past int64 are out of range (not an
+    OverflowError), and int64 indices past int32 mask nothing in mask_logits (not row
+    ``index % 2**32``)."""
+    code = (
+        "import numpy as np, jax, jax.numpy as jnp, portable_guided as pg\n"
+        "import portable_guided.jax as pgj\n"
+        "try:\n"
+        "    pg.apply_token_mask(jnp.zeros((2, 64), jnp.float32), np.zeros((2, 2), np.int32),\n"
+        "                        indices=jnp.array([2**63], jnp.uint64))\n"
+        "except ValueError as exc:\n"
+        "    print(exc)\n"
+        "out = jax.jit(pgj.mask_logits)(jnp.zeros((2, 64), jnp.float32),\n"
+        "                               jnp.zeros((1, 2), jnp.int32),\n"
+        "                               jnp.array([2**32 + 1], jnp.int64))\n"
+        "print('masked rows', np.flatnonzero(np.isinf(np.asarray(out)).any(axis=1)).tolist())\n"
+    )
+    env = {**os.environ, "JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "indices [9223372036854775808] out of range [0, 2)" in out.stdout, out.stdout
+    assert "masked rows []" in out.stdout, out.stdout

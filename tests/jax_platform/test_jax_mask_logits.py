@@ -239,3 +239,32 @@ def test_mask_logits_inside_a_jitted_greedy_step():
             assert token >= vocab - 5 or (int(bitmask[i, token // 32]) >> (token % 32)) & 1
     # Bitmask rows padded to buckets of 4 (live 1-4): one compilation, at the first step.
     assert compiles_per_step == [1, 0, 0, 0, 0, 0], compiles_per_step
+
+
+def test_64_bit_indices_are_range_checked_before_narrowing():
+    """Eagerly, NumPy int64 indices reach mask_logits as int64: 2**32 + 1 is out of range
+    and masks nothing (narrowed first, it would be row 1)."""
+    logits = jnp.zeros((2, 64), jnp.float32)
+    got = pgj.mask_logits(logits, jnp.zeros((1, 2), jnp.int32), np.array([2**32 + 1]))
+    np.testing.assert_array_equal(_f32(got), _f32(logits))
+
+
+@pytest.mark.parametrize("name", ["logits", "bitmask", "indices"])
+def test_non_arrays_are_a_type_error_naming_the_argument(name):
+    args = {"logits": jnp.zeros((2, 64), jnp.float32), "bitmask": jnp.zeros((2, 2), jnp.int32),
+            "indices": jnp.array([1, 0])}
+    args[name] = np.asarray(args[name]).tolist()
+    with pytest.raises(TypeError, match=f"{name} must be a jax.Array .* got list"):
+        pgj.mask_logits(**args)
+
+
+def test_narrow_bitmask_warning_points_at_the_caller_for_1d_logits():
+    for shape, words in (((100,), (2,)), ((1, 100), (1, 2))):
+        with pytest.warns(UserWarning, match="covers only 64 tokens") as caught:
+            pgj.mask_logits(jnp.zeros(shape, jnp.float32), jnp.zeros(words, jnp.int32))
+        assert caught[0].filename == __file__, (shape, caught[0].filename)
+
+
+def test_device_bitmask_names_python_ints_past_int64_as_out_of_range():
+    with pytest.raises(ValueError, match=r"indices \[1180591620717411303424\] out of range"):
+        pgj.device_bitmask(np.zeros((2, 2), np.int32), [2**70, 0], logits_rows=2)

@@ -115,6 +115,44 @@ def test_persistent_cache_is_written(tmp_path):
          "--no-progress"], capture_output=True, text=True, check=False, timeout=300)
     second = json.loads(again.stdout)
     assert second["buckets"][0]["stats"]["cache_hits"] == 1, second
+    # Loaded, not compiled: JAX's compile timer also fires around a cache load.
+    assert second["graphs_compiled"] == 0, second
+    assert second["buckets"][0]["stats"]["compiles"] == 0, second
+
+
+def test_a_second_cache_dir_in_one_process_is_refused(tmp_path):
+    """JAX keeps one persistent cache per process: a second directory would silently receive
+    nothing (the executables land in the first), so it is an error naming both."""
+    code = (
+        "import sys\n"
+        "from portable_guided.precompile import precompile\n"
+        "a, b = sys.argv[1:]\n"
+        "precompile(platform='jax', max_batch=8, vocab=64, dtype='float32', cache_dir=a,\n"
+        "           progress=False)\n"
+        "precompile(platform='jax', max_batch=8, vocab=64, dtype='float32', cache_dir=a,\n"
+        "           progress=False)  # the same directory again is fine\n"
+        "try:\n"
+        "    precompile(platform='jax', max_batch=8, vocab=96, dtype='float32', cache_dir=b,\n"
+        "               progress=False)\n"
+        "except RuntimeError as exc:\n"
+        "    print(exc)\n"
+    )
+    a, b = tmp_path / "a", tmp_path / "b"
+    out = subprocess.run([sys.executable, "-c", code, str(a), str(b)], capture_output=True,
+                         text=True, check=False, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f"already {str(a)!r}" in out.stdout and f"cannot use {str(b)!r}" in out.stdout, \
+        out.stdout
+
+
+@pytest.mark.parametrize("device", ["cpu:7", "cpu:x", "nodevice:0"])
+def test_precompile_names_a_missing_device(device):
+    out = subprocess.run(
+        [sys.executable, "-m", "portable_guided", "precompile", "--platform", "jax",
+         "--max-batch", "8", "--vocab", "64", "--device", device, "--no-progress"],
+        capture_output=True, text=True, check=False, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and f"{device!r}" in out.stderr, out.stderr
 
 
 class _NumpyThatRefusesJax(types.ModuleType):
