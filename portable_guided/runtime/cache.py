@@ -116,15 +116,25 @@ class DiskCache:
     - Entries are opened without blocking and read only when they are regular files: a FIFO
       or a device planted in the directory is never waited on.
     - The directory stays at or under ``max_bytes``: after each write the least recently used
-      entries (by modification time; a hit touches its entry) are removed.
+      entries (by modification time; a hit touches its entry) are removed. Temporary files of
+      writes count toward the bound while present; those older than an hour (left by a
+      writer that was killed) are removed.
     - :meth:`single_flight` serializes compile-on-miss across processes with an ``flock`` per
       key: when several processes (or tensor-parallel ranks) miss the same key at once, one
-      compiles and the others wait, then read its entry.
+      compiles and the others wait, then read its entry. After each write the lock files
+      nobody holds are removed, so ``locks/`` holds about one file per compile in flight.
     - A cache is an optimization: no method raises on a problem of the directory (read-only,
       unreadable or replaced entries, a file where a folder should be...). The operation
       degrades (a miss, no write, no lock), the first problem is logged as a warning and
       later ones at debug level, and :attr:`problems` counts them.
     """
+
+    #: Age (seconds since last modified) after which eviction removes a write's temporary
+    #: file: its writer was killed. A write is one ``write`` of at most a grammar (a few
+    #: hundred MB) and a rename: seconds, minutes on a slow network disk, so an hour never
+    #: catches a live one; if it did, that writer would only lose the write (its rename
+    #: fails and is logged). Until removed, the file counts toward ``max_bytes``.
+    stale_tmp_s: float = 3600.0
 
     def __init__(self, directory: str | os.PathLike[str], max_bytes: int = 2 << 30) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
@@ -242,43 +252,103 @@ class DiskCache:
     def entries(self) -> list[tuple[float, int, str]]:
         """``(mtime, bytes, path)`` of every entry (regular files only), least recently used
         first."""
-        found = []
+        return self._scan()[0]
+
+    def _scan(self) -> tuple[list[tuple[float, int, str]], list[tuple[float, int, str]]]:
+        """``(mtime, bytes, path)`` of the entries and of the temporary files of writes."""
+        found: dict[str, list[tuple[float, int, str]]] = {".grammar": [], ".tmp": []}
         try:
             subs = [sub for sub in os.scandir(self.directory)
                     if len(sub.name) == 2 and sub.is_dir(follow_symlinks=False)]
             for sub in subs:
                 for entry in os.scandir(sub.path):
-                    if entry.name.endswith(".grammar") and entry.is_file(follow_symlinks=False):
+                    kind = found.get(os.path.splitext(entry.name)[1])
+                    if kind is not None and entry.is_file(follow_symlinks=False):
                         try:
                             st = entry.stat(follow_symlinks=False)
                         except FileNotFoundError:  # removed by another process meanwhile
                             continue
-                        found.append((st.st_mtime, st.st_size, entry.path))
+                        kind.append((st.st_mtime, st.st_size, entry.path))
         except OSError as exc:
             self._problem(f"list {self.directory}", exc)
-        return sorted(found)
+        return sorted(found[".grammar"]), found[".tmp"]
 
     def evict(self) -> int:
-        """Remove least recently used entries until the total is at most ``max_bytes``;
-        returns how many were removed."""
-        entries = self.entries()
+        """Remove temporary files older than :attr:`stale_tmp_s`, least recently used
+        entries until the total (temporary files left included) is at most ``max_bytes``,
+        and lock files nobody holds; returns how many entries went."""
+        entries, temps = self._scan()
         total = sum(size for _, size, _ in entries)
+        stale = time.time() - self.stale_tmp_s
+        for mtime, size, path in temps:
+            if not (mtime < stale and self._unlink(path, "remove stale temporary file")):
+                total += size  # a write in progress, or one that could not be removed
         removed = 0
         for _, size, path in entries:
             if total <= self.max_bytes:
                 break
-            try:
-                os.unlink(path)
+            if self._unlink(path, "evict"):
                 removed += 1
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                self._problem(f"evict {path}", exc)
             total -= size
         if removed:
             log.info("disk cache %s: evicted %d entries to stay within %d bytes",
                      self.directory, removed, self.max_bytes)
+        self._remove_free_locks()
         return removed
+
+    def _unlink(self, path: str, what: str) -> bool:
+        """Remove ``path``; returns whether it is gone (removed here or meanwhile)."""
+        try:
+            os.unlink(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            self._problem(f"{what} {path}", exc)
+            return False
+
+    def _remove_free_locks(self) -> None:
+        """Remove every lock file that no process holds, under its lock (see
+        :meth:`single_flight` for why that is safe)."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - no flock, no lock files
+            return
+        folder = os.path.join(self.directory, "locks")
+        try:
+            paths = [entry.path for entry in os.scandir(folder)
+                     if entry.name.endswith(".lock") and entry.is_file(follow_symlinks=False)]
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self._problem(f"list {folder}", exc)
+            return
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            except FileNotFoundError:  # removed by another process meanwhile
+                continue
+            except OSError as exc:
+                self._problem(f"open {path}", exc)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                try:
+                    if _names(path, fd):  # not already replaced by a newer lock file
+                        os.unlink(path)
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            except (BlockingIOError, FileNotFoundError):  # held: a compile in flight; gone
+                pass
+            except OSError as exc:
+                self._problem(f"remove lock {path}", exc)
+            finally:
+                os.close(fd)
+
+    def lock_path(self, key: str) -> str:
+        """The file :meth:`single_flight` locks for ``key``: a process holding an ``flock``
+        on it is compiling ``key``."""
+        return os.path.join(self.directory, "locks", key + ".lock")
 
     @contextlib.contextmanager
     def single_flight(self, key: str, wait_s: float | None = None) -> Iterator[bool]:
@@ -289,26 +359,28 @@ class DiskCache:
         the lock if the holder dies. Without ``fcntl`` (Windows), or when the lock file
         cannot be made, nothing is locked (each process compiles).
         """
+        # One lock file per key, removed by :meth:`evict` when nobody holds it, so their
+        # number stays about that of compiles in flight. Removing is safe because a remover
+        # unlinks a lock file only while holding its lock, and a taker, once it holds the
+        # lock, checks that the path still names the file it locked (else it locked a
+        # removed file that a third process could bypass by creating a new one: it takes
+        # the new one instead). Fixed lock stripes (hash of the key into N files) would
+        # need no removal, but would make unrelated keys wait on each other, threads of one
+        # process included (each ``open`` is a separate ``flock``).
         try:
             import fcntl
         except ImportError:  # pragma: no cover - no flock: every process compiles
             yield False
             return
-        path = os.path.join(self.directory, "locks", key + ".lock")
+        path = self.lock_path(key)
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o644)
-        except OSError as exc:
+            fd, held = _lock(fcntl, path, wait_s)
+        except OSError as exc:  # e.g. ENOLCK on a network file system
             self._problem(f"lock {path}", exc)
             yield False
             return
         try:
-            try:
-                held = _flock(fcntl, fd, wait_s)
-            except OSError as exc:  # e.g. ENOLCK on a network file system
-                self._problem(f"lock {path}", exc)
-                yield False
-                return
             if not held:
                 log.warning("disk cache: waited %.1f s for another process compiling %s; "
                             "compiling here too", wait_s, key[:16])
@@ -327,6 +399,34 @@ _MAGIC = b"portable-guided-grammar-v2"
 
 def _digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
+
+
+def _names(path: str, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
+def _lock(fcntl: Any, path: str, wait_s: float | None) -> tuple[int, bool]:
+    """``(fd, held)``: ``path`` opened (created if absent) and locked within ``wait_s``
+    seconds (None: however long it takes), retaken when it was removed meanwhile."""
+    deadline = None if wait_s is None else time.monotonic() + wait_s
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o644)
+        try:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            held = _flock(fcntl, fd, left)
+            if not held or _names(path, fd):
+                return fd, held
+            fcntl.flock(fd, fcntl.LOCK_UN)  # removed by evict() before we locked it: retake
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
 
 
 def _flock(fcntl: Any, fd: int, wait_s: float | None) -> bool:

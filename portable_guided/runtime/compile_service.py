@@ -48,8 +48,10 @@ log = logging.getLogger(__name__)
 #: (a cached grammar would keep accepting other types), oneOf of value lists as one enum;
 #: 11: our exact number-range and minLength rules in xgrammar's grammar, llguidance's range
 #: holes refused or filled; 12: one reader of plain number ranges (a bound that is not a
-#: finite number now leaves the node to the engines as written on llguidance too).
-RUNTIME_CACHE_VERSION = "12"
+#: finite number now leaves the node to the engines as written on llguidance too); 13: a
+#: oneOf split by type or distributed decides from the exact targets of its $refs (a
+#: narrowed target accepted objects the schema rejects).
+RUNTIME_CACHE_VERSION = "13"
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
 #: receiving the worker's serialized grammar. Kept at 0.1 s by measurement (xgrammar 0.2.8,
@@ -61,6 +63,10 @@ LOCAL_BELOW_S = 0.1
 #: Without a compile time limit, how long a miss waits for another process compiling the same
 #: key before compiling it here too (a held lock must never mean waiting forever).
 LOCK_WAIT_WITHOUT_LIMIT_S = 120.0
+
+#: With a limit, a miss waits for another process's compile of the same key this much past
+#: the limit: the holder's worker is killed at the limit, and then it lets go of the lock.
+LOCK_GRACE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -313,11 +319,30 @@ class CompileService:
         if hit is not None:
             return hit
         # A miss: one compile across the processes sharing the directory; the others wait
-        # (at most the time limit) and then load its entry.
-        wait_s = self.timeout_s if self.timeout_s is not None else LOCK_WAIT_WITHOUT_LIMIT_S
-        with self._disk.single_flight(disk_key, wait_s):
+        # (the holder's compile is bounded by the same limit, plus a grace for its worker to
+        # be stopped) and then load its entry.
+        wait_s = (self.timeout_s + LOCK_GRACE_S if self.timeout_s is not None
+                  else LOCK_WAIT_WITHOUT_LIMIT_S)
+        waiting_since = time.monotonic()
+        with self._disk.single_flight(disk_key, wait_s) as held:
             hit = self._from_disk(engine, disk_key)
-            return hit if hit is not None else self._compile_new(engine, name, spec, disk_key)
+            if hit is not None:
+                return hit
+            left = None
+            if held and self.timeout_s is not None:
+                # The holder left no entry: its compile failed. The wait counts against the
+                # limit, so that a grammar which ran out of it there does not get a second
+                # full one here; with less than a tenth left, a worker is not worth it
+                # (killing it costs a restart). A holder that kept the lock past the wait
+                # (stuck) is not this grammar's fault: then the full limit applies.
+                waited = time.monotonic() - waiting_since
+                left = self.timeout_s - waited
+                if left < self.timeout_s / 10:
+                    raise GrammarTimeout(
+                        f"another process sharing the disk cache held this grammar's "
+                        f"compile for {waited:.2f} s of the {self.timeout_s:g} s time limit "
+                        f"and left no entry", engine=name)
+            return self._compile_new(engine, name, spec, disk_key, timeout_s=left)
 
     def _from_disk(self, engine: Engine, disk_key: str) -> CompiledGrammar | None:
         assert self._disk is not None
@@ -336,7 +361,8 @@ class CompileService:
         return CompiledGrammar(engine, grammar, engine.nbytes(grammar), "disk", 0.0)
 
     def _compile_new(self, engine: Engine, name: str, spec: GrammarSpec,
-                     disk_key: str | None) -> CompiledGrammar:
+                     disk_key: str | None, timeout_s: float | None = None) -> CompiledGrammar:
+        """Compile a miss (``timeout_s``: the worker's limit, default the service's)."""
         t0 = time.perf_counter()
         text: str | None = None
         if self._pool is None:
@@ -345,9 +371,12 @@ class CompileService:
             grammar, source = self._compile_raced(engine, name, spec), "race"
         else:
             assert self.timeout_s is not None
+            # "auto" with a disk cache too: a fast compile is redone here and serialized
+            # here for the disk, outside the limit; serializing in the worker counted
+            # against it (a 25 ms compile whose 83 MB took 3.3 s to serialize timed out).
             status, text, worker_s = self._pool.run(
-                name, spec.to_dict(), self.timeout_s,
-                serialize="always" if self._disk is not None else "auto",
+                name, spec.to_dict(), timeout_s if timeout_s is not None else self.timeout_s,
+                serialize="auto",
             )
             t_reply = time.perf_counter()
             _raise_for_status(status, text, name)

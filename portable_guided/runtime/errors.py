@@ -56,9 +56,10 @@ class GrammarEmptyLanguage(GrammarCompileError):
 
 
 class CompileWorkerLost(GrammarCompileError):
-    """The compile worker died twice while compiling (killed, crashed, out of memory): an
-    infrastructure fault, so it is never cached as a property of the grammar; the next
-    request for the same spec compiles again."""
+    """No compile worker could finish the compile: the worker died twice while compiling
+    (killed, crashed, out of memory), or none could be started in time. An infrastructure
+    fault, so it is never cached as a property of the grammar; the next request for the same
+    spec compiles again."""
 
 
 class GrammarEngineError(GrammarError):

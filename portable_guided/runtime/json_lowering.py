@@ -1064,7 +1064,9 @@ class _Lowerer:
             return s
         parts = []
         for t in _TYPES:
-            live = [m for m in (_only_type(merge(b, {"type": t}, self.inline), t)
+            # Exact targets: a branch narrowed to nothing on a type would let the others
+            # take values it also accepts (exactly one must).
+            live = [m for m in (_only_type(merge(b, {"type": t}, self.inline_exact), t)
                                 for b in branches) if m is not False]
             if len(live) == 1:
                 parts.append(live[0])
@@ -1186,7 +1188,9 @@ class _Lowerer:
                 raise _NotExact("too many branches")
             keep = {k: v for k, v in rest.items() if k in _ANNOTATIONS or k == "$defs"}
             body = {k: v for k, v in rest.items() if k not in keep}
-            merged = [merge(body, b, self.inline) for b in branches]
+            # A oneOf branch counts against the others: only exact targets inlined there.
+            inline = self.inline_exact if key == "oneOf" else self.inline
+            merged = [merge(body, b, inline) for b in branches]
             return {**keep, key: merged}
         return s
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import operator
 import threading
@@ -645,11 +646,27 @@ class Request:
         return await loop.run_in_executor(self._executor, self.accept, token_id)
 
     async def await_ready(self) -> Request:
-        """Await the compile without blocking the event loop."""
+        """Await the compile without blocking the event loop, and without a thread: the
+        compile's ready callback wakes the loop (a waiting thread per request would take
+        the executor that :meth:`aaccept` and ``afill_bitmask`` run in)."""
         if not self._ready_event.is_set():
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._executor, self._ready_event.wait)
+            ready: asyncio.Future[None] = loop.create_future()
+            self.add_ready_callback(lambda _: _wake_loop(loop, ready))
+            await ready
         return self
+
+
+def _wake_loop(loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> None:
+    """Resolve ``ready`` in its loop (from the thread that finished the compile), unless
+    the wait was cancelled or the loop is gone."""
+    with contextlib.suppress(RuntimeError):  # the loop was closed
+        loop.call_soon_threadsafe(_resolve_once, ready)
+
+
+def _resolve_once(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)
 
 
 def _suffix_match(log: list[int], end: tuple[int, ...]) -> int:

@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .errors import CompileWorkerLost, GrammarCompileError, GrammarTimeout, RuntimeClosed
+from .errors import CompileWorkerLost, GrammarTimeout, RuntimeClosed
 
 __all__ = ["WorkerPool", "WorkerReply"]
 
@@ -111,6 +111,10 @@ def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
 
     engines = {name: engine_class(name).from_payload(payload)
                for name, payload in payloads.items()}
+    # Specs whose first compile here took local_below_s or more. The engine's own cache makes
+    # a repeat fast here, but not in the parent, which never compiled it (it was shipped):
+    # redone there, it would take the full time with no limit. Bounded: oldest forgotten.
+    slow: dict[tuple[str, str], None] = {}
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -133,7 +137,13 @@ def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
             keeping: Any = _KeepPrepared(engine)  # an Engine for compile_checked
             compiled = engine.compile_raw(spec) if raw else compile_checked(keeping, spec)
             seconds = time.perf_counter() - t0
-            ship = serialize == "always" or (serialize == "auto" and seconds >= local_below_s)
+            seen = (engine_name, spec.key)
+            if seconds >= local_below_s:
+                slow[seen] = None
+                if len(slow) > _SLOW_SPECS_KEPT:
+                    del slow[next(iter(slow))]
+            ship = serialize == "always" or (serialize == "auto" and (
+                seconds >= local_below_s or seen in slow))
             text: Any = engine.serialize(compiled) if ship else None
             if text is None and serialize == "auto" and keeping.prepared is not None:
                 # The parent recompiles exactly this, without the checks run here.
@@ -271,6 +281,8 @@ class WorkerPool:
         self._ids = itertools.count()
         self._closed = False
         self._spawners: list[threading.Thread] = []
+        self._starting = 0  # workers being started
+        self._respawn_at = 0.0  # no start before this (monotonic) after a failed one
         # Writes of large jobs (rare); its thread starts at the first one.
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="pg-compile-send")
         self.start_error: BaseException | None = None
@@ -289,12 +301,32 @@ class WorkerPool:
 
     # -- lifecycle -------------------------------------------------------------------------
     def _spawn_async(self) -> None:
-        if not self._closed:
-            thread = threading.Thread(target=self._spawn, name="pg-compile-spawn", daemon=True)
-            self._spawners = [t for t in self._spawners if t.is_alive()] + [thread]
-            thread.start()
+        with self._lock:
+            if self._closed:
+                return
+            self._starting += 1
+        thread = threading.Thread(target=self._spawn, name="pg-compile-spawn", daemon=True)
+        self._spawners = [t for t in self._spawners if t.is_alive()] + [thread]
+        thread.start()
+
+    def _top_up(self) -> None:
+        """Start the workers the pool lacks (a start that failed, a replacement that did
+        not come up), at most once per :data:`_RESPAWN_BACKOFF_S` after a failure."""
+        with self._lock:
+            missing = self.size - len(self._all) - self._starting
+            if self._closed or missing <= 0 or time.monotonic() < self._respawn_at:
+                return
+        for _ in range(missing):
+            self._spawn_async()
 
     def _spawn(self) -> None:
+        try:
+            self._start_one()
+        finally:
+            with self._lock:
+                self._starting -= 1
+
+    def _start_one(self) -> None:
         try:
             with self._spec_lock:
                 if self._spec is None:
@@ -306,8 +338,11 @@ class WorkerPool:
                 raise RuntimeError(f"compile worker did not start in {self._start_timeout_s} s")
             worker.conn.recv()
         except BaseException as exc:  # noqa: BLE001 - reported by run() to the waiting compile
-            log.error("compile worker failed to start: %s", exc)
-            self.start_error = exc
+            log.error("compile worker failed to start: %s (trying again in %g s)", exc,
+                      _RESPAWN_BACKOFF_S)
+            with self._lock:
+                self.start_error = exc
+                self._respawn_at = time.monotonic() + _RESPAWN_BACKOFF_S
             self._wake()  # jobs waiting with no worker left may now time out
             return
         with self._lock:
@@ -349,8 +384,8 @@ class WorkerPool:
                serialize: str, done: Callable[[WorkerReply | BaseException], None]) -> None:
         """Compile in a worker; ``done`` gets the reply, or the error: :class:`GrammarTimeout`
         (the worker was killed: no reply within ``timeout_s`` of handing the job over),
-        :class:`CompileWorkerLost`, :class:`RuntimeClosed`, or :class:`GrammarCompileError`
-        when no worker could be started. Never blocks; ``done`` runs in the pool's reader
+        :class:`CompileWorkerLost` (also when no worker could be started within
+        ``start_timeout_s``; a failed start is retried), or :class:`RuntimeClosed`. Never blocks; ``done`` runs in the pool's reader
         thread (or in this one, for an error known at once) and must return quickly.
 
         A worker that dies (before or during the job) is replaced and the job retried once
@@ -372,6 +407,7 @@ class WorkerPool:
             assigned = self._assign()
             wake = job.deadline < self._wake_at or (not self._all and not assigned)
         self._send_all(assigned)
+        self._top_up()
         if wake:
             self._wake()
 
@@ -533,7 +569,8 @@ class WorkerPool:
 
     def _expire(self) -> None:
         """Kill the workers whose job is past its deadline; fail jobs with no worker to
-        run them."""
+        run them; start the workers the pool lacks."""
+        self._top_up()
         now = time.monotonic()
         with self._lock:
             late = [w for w, job in self._busy.items() if job.deadline <= now]
@@ -551,8 +588,8 @@ class WorkerPool:
             _deliver(job, GrammarTimeout(
                 f"compile exceeded its time limit of {job.timeout_s:g} s; worker killed after "
                 f"{time.monotonic() - job.started_at:.2f} s", engine=job.engine))
-        for job in stranded:
-            _deliver(job, GrammarCompileError(
+        for job in stranded:  # an infrastructure fault: CompileWorkerLost is never cached
+            _deliver(job, CompileWorkerLost(
                 f"no compile worker became available in {self._start_timeout_s} s"
                 + (f" (last start error: {self.start_error})" if self.start_error else ""),
                 engine=job.engine))
@@ -565,6 +602,13 @@ class WorkerPool:
         for job in jobs:
             _deliver(job, RuntimeClosed("the compile workers were stopped (runtime closed)"))
 
+
+#: Slow specs a worker remembers, so that a repeat it answers from its engine's cache is
+#: still shipped (:func:`_serve`).
+_SLOW_SPECS_KEPT = 4096
+
+#: After a worker failed to start, the pool tries again at most this often.
+_RESPAWN_BACKOFF_S = 1.0
 
 #: The reader's longest wait. A job due after the reader's next wake-up does not wake it
 #: (with the default limits, none does): waking it at every submit made it wait for the

@@ -71,3 +71,28 @@ def test_async_compile_accept_and_ready(runtimes):
 
     ok, nbytes = asyncio.run(main())
     assert ok and nbytes > 0
+
+
+def test_awaiting_a_slow_compile_holds_no_executor_thread(deepseek):
+    """``await_ready`` used to wait in the runtime's 4-thread executor: four requests
+    awaiting a slow compile held every thread, and ``afill_bitmask`` / ``aaccept`` of a
+    ready request waited for that compile (seconds), even after the waits were cancelled."""
+    from test_compile_service import nested_any_of
+
+    with GrammarRuntime(deepseek, "xgrammar", compile_timeout_s=30) as rt:
+        ready = rt.new_request(GrammarSpec.regex("[0-9]+")).wait(120)
+        slow = [rt.new_request(GrammarSpec.json_schema(nested_any_of(7))) for _ in range(6)]
+
+        async def main() -> bool:
+            waits = [asyncio.ensure_future(r.await_ready()) for r in slow]
+            await asyncio.sleep(0.1)  # every wait has started
+            bitmask = rt.allocate_bitmask(1)
+            await rt.afill_bitmask([ready], bitmask)
+            await ready.aaccept(rt.info.encode("7")[0])
+            still_compiling = not slow[0].ready
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+            return still_compiling
+
+        assert asyncio.run(main()), "the fill waited for the slow compile"

@@ -97,3 +97,54 @@ def test_a_job_larger_than_the_inline_limit_is_sent_by_the_sender_thread(deepsee
         req = rt.new_request(GrammarSpec.json_schema(schema)).wait(120)
         assert not req.failed, req.error
         assert any(t.name.startswith("pg-compile-send") for t in threading.enumerate())
+
+
+def test_a_slow_spec_the_worker_answers_from_its_cache_is_still_shipped(deepseek, monkeypatch):
+    """A spec that compiled slowly in a worker was shipped, so this process never compiled
+    it. Asked again (after it left the memory cache), the worker answers from its engine's
+    cache in milliseconds: that timing must not make this process recompile it (the full
+    compile time, with no limit, possibly in the pool's reader). The worker's loop runs here
+    on a pipe, with a clock that makes the first compile take 1 s and the repeat 1 ms."""
+    import types
+    from multiprocessing import Pipe
+
+    from portable_guided.runtime import worker as worker_module
+    from portable_guided.runtime.engines import engine_class
+
+    ticks = iter([0.0, 1.0, 10.0, 10.001])
+    monkeypatch.setattr(worker_module, "time", types.SimpleNamespace(
+        perf_counter=lambda: next(ticks)))
+    here, there = Pipe()
+    payload = engine_class("xgrammar").tokenizer_payload(deepseek)
+    loop = threading.Thread(target=worker_module._serve,
+                            args=(there, {"xgrammar": payload}, 0.1), daemon=True)
+    loop.start()
+    try:
+        assert here.recv()[0] == "ready"
+        spec = GrammarSpec.regex("[a-f]{2}z").to_dict()
+        replies = []
+        for job_id in (1, 2):
+            here.send((job_id, "xgrammar", spec, "auto"))
+            replies.append(here.recv())
+    finally:
+        here.send(None)
+        loop.join(60)
+    (_, (status1, text1, seconds1)), (_, (status2, text2, seconds2)) = replies
+    assert (status1, status2) == ("ok", "ok") and seconds1 == 1.0 and seconds2 < 0.1
+    assert isinstance(text1, str)  # slow: serialized
+    assert isinstance(text2, str), text2  # fast only thanks to the cache: serialized too
+
+
+def test_a_fast_compile_with_a_disk_cache_is_serialized_here_outside_the_limit(deepseek,
+                                                                              tmp_path):
+    """With a disk cache, a fast compile is redone here and serialized here for the disk,
+    so its serialization (83 MB took 3.3 s for one schema) does not count against the
+    worker's limit."""
+    spec = GrammarSpec.regex("[a-f]{3}z")
+    with GrammarRuntime(deepseek, "xgrammar", compile_timeout_s=60,
+                        disk_cache_dir=str(tmp_path)) as rt:
+        compiled = rt.compile(spec, timeout=120)
+        assert compiled.source == "local"
+    with GrammarRuntime(deepseek, "xgrammar", compile_timeout_s=60,
+                        disk_cache_dir=str(tmp_path)) as rt:
+        assert rt.compile(spec, timeout=120).source == "disk"  # the entry was written

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from importlib import metadata
 
@@ -162,3 +163,120 @@ def test_single_flight_waits_at_most_wait_s(tmp_path):
             assert held is True  # other keys are not blocked
     finally:
         holder.wait(timeout=30)
+
+
+def test_stale_temporary_files_are_removed_and_live_ones_counted(tmp_path):
+    """A writer killed mid-write left its ``*.tmp`` file forever, outside the size bound
+    (252 MiB of them in a cache bounded at 1 MiB)."""
+    cache = DiskCache(tmp_path, max_bytes=1000)
+    body = "x" * (300 - 157)  # 300-byte entries (157 bytes of header)
+    assert cache.put("a1" * 32, body)
+    os.utime(cache._path("a1" * 32), (1000, 1000))  # the least recently used entry
+    (tmp_path / "b2").mkdir()
+    dead = tmp_path / "b2" / "tmpdead.tmp"  # a killed writer's: a day old
+    dead.write_bytes(b"d" * 5000)
+    old = time.time() - 86400
+    os.utime(dead, (old, old))
+    (tmp_path / "a1" / "tmplive.tmp").write_bytes(b"l" * 600)  # another process writing
+    assert cache.put("c3" * 32, body)  # 300 + 300 + 600 bytes: over the bound, a1 goes
+    left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert left == ["a1/tmplive.tmp", f"c3/{'c3' * 32}.grammar"]
+    assert cache.get("c3" * 32) == body and cache.problems == 0
+
+
+def test_lock_files_are_removed_once_nobody_holds_them(tmp_path):
+    """Every key ever compiled left ``locks/<key>.lock`` behind: 3,000 keys, 43 entries kept,
+    3,000 lock files."""
+    cache = DiskCache(tmp_path, max_bytes=3 * 300)
+    keys = [DiskCache.make_key(spec=i) for i in range(200)]
+    for key in keys:  # what the compile service does on each miss
+        with cache.single_flight(key, wait_s=1.0) as held:
+            assert held
+            assert cache.put(key, "g" * (300 - 157))
+    assert os.listdir(tmp_path / "locks") == [keys[-1] + ".lock"]  # held during its put
+    assert len(cache.entries()) == 3
+    cache.evict()
+    assert os.listdir(tmp_path / "locks") == []
+    assert cache.problems == 0
+
+
+def test_a_held_lock_file_is_kept_and_a_removed_one_is_retaken(tmp_path):
+    """Removing lock files is safe: one held elsewhere stays, and a process that locked a
+    file removed under it locks the path's new file instead of the removed one (which a
+    third process could bypass)."""
+    import fcntl
+
+    cache = DiskCache(tmp_path)
+    key = "k" * 64
+    path = tmp_path / "locks" / f"{key}.lock"
+    path.parent.mkdir()
+    other = os.open(path, os.O_RDWR | os.O_CREAT)  # another process, compiling the key
+    fcntl.flock(other, fcntl.LOCK_EX)
+    cache.put("ab" * 32, "x")
+    assert os.path.samestat(os.stat(path), os.fstat(other))  # held: kept
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def taker() -> None:
+        with cache.single_flight(key, wait_s=10) as held:
+            assert held
+            inside.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=taker)
+    thread.start()
+    try:
+        time.sleep(0.2)  # the taker opened the file and waits for its lock
+        os.unlink(path)  # what evict() does while it holds the lock
+        fcntl.flock(other, fcntl.LOCK_UN)
+        os.close(other)
+        assert inside.wait(10)
+        third = os.open(path, os.O_RDWR | os.O_CREAT)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(third, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(third)
+    finally:
+        leave.set()
+        thread.join(10)
+    cache.evict()
+    assert not path.exists() and cache.problems == 0
+
+
+_LOCKER = textwrap.dedent("""
+    import os, sys, time
+    from portable_guided.runtime.cache import DiskCache
+    folder, me = sys.argv[1], sys.argv[2]
+    cache = DiskCache(folder, max_bytes=300)  # one entry: each write evicts, removes locks
+    overlaps = 0
+    for i in range(150):
+        key = DiskCache.make_key(spec=i % 3)
+        with cache.single_flight(key, wait_s=10) as held:
+            assert held
+            marker = os.path.join(folder, "inside-" + key)
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                mine = True
+            except FileExistsError:  # another process holds this key's lock too
+                overlaps += 1
+                mine = False
+            time.sleep(0.001)
+            cache.put(key, me * 100)
+            if mine:
+                os.unlink(marker)
+    print(overlaps, cache.problems)
+""")
+
+
+def test_lock_files_removed_under_contention_still_exclude(tmp_path):
+    """Four processes take and release three keys' locks while each write removes the lock
+    files nobody holds: no two ever hold one key at once."""
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    procs = [subprocess.Popen([sys.executable, "-c", _LOCKER, str(tmp_path), str(i)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for i in range(4)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err[-2000:]
+        assert out.split() == ["0", "0"], out

@@ -301,6 +301,31 @@ def test_dead_idle_worker_is_replaced(info):
         assert rt.worker_pids() and pid not in rt.worker_pids()
 
 
+def test_a_worker_that_failed_to_start_is_started_again(info, monkeypatch):
+    """A replacement worker whose start failed once (EAGAIN, EMFILE ...) left the pool with
+    no worker for good: every later compile waited start_timeout_s and failed."""
+    from portable_guided.runtime import worker as worker_module
+
+    real_start = worker_module._start_worker
+    failures = []
+
+    def start_failing_once():
+        if not failures:
+            failures.append(1)
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable (simulated)")
+        return real_start()
+
+    with GrammarRuntime(info, "xgrammar", compile_timeout_s=30) as rt:
+        assert not rt.new_request(GrammarSpec.regex("a+")).wait(120).failed
+        monkeypatch.setattr(worker_module, "_start_worker", start_failing_once)
+        pid = live_worker(rt)
+        os.kill(pid, signal.SIGKILL)
+        req = rt.new_request(GrammarSpec.regex("[a-z]+y")).wait(120)
+        assert failures == [1]  # the replacement's start did fail once
+        assert not req.failed, req.error
+        assert rt.worker_pids() and pid not in rt.worker_pids()
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for CPU time")
 def test_worker_killed_mid_compile_is_retried_and_never_cached(info):
     """F7: a worker killed mid-compile was cached as a compile failure of the spec."""
@@ -368,6 +393,35 @@ def test_held_cache_lock_delays_but_never_blocks(info, tmp_path):
             waited = time.monotonic() - t0
         assert not req.failed, req.error
         assert 1.0 <= waited < 10, waited
+
+
+def test_a_compile_another_process_left_unfinished_gets_only_the_rest_of_the_limit(info,
+                                                                                 tmp_path):
+    """Another process held the key's lock for most of the limit and left no entry (its
+    compile ran out of time): the miss here does not start a second full compile; it fails
+    at about the limit, without a worker killed."""
+    import fcntl
+    import threading
+
+    spec = GrammarSpec.regex("[a-f]{5}q")
+    limit = 1.0
+    with GrammarRuntime(info, "xgrammar", compile_timeout_s=limit,
+                        disk_cache_dir=str(tmp_path)) as rt:
+        assert not rt.new_request(GrammarSpec.regex("a+")).wait(120).failed
+        key = DiskCache.make_key(
+            engine="xgrammar", engine_version=rt._service.engine("xgrammar").version(),
+            runtime=RUNTIME_CACHE_VERSION, tokenizer=info.fingerprint, spec=spec.key)
+        path = DiskCache(str(tmp_path)).lock_path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        held = open(path, "w")  # noqa: SIM115 - released by the thread below
+        fcntl.flock(held, fcntl.LOCK_EX)
+        release = threading.Timer(0.95 * limit, held.close)
+        release.start()
+        req = rt.new_request(spec).wait(30)
+        release.join()
+        assert req.failed and isinstance(req.error, GrammarTimeout), req.error
+        assert "another process sharing the disk cache" in str(req.error)
+        assert rt.metrics().get("workers_killed", 0) == 0
 
 
 def test_close_resolves_pending_requests_and_refuses_new_ones(info):
