@@ -301,12 +301,12 @@ class WorkerPool:
 
     # -- lifecycle -------------------------------------------------------------------------
     def _spawn_async(self) -> None:
-        with self._lock:
+        thread = threading.Thread(target=self._spawn, name="pg-compile-spawn", daemon=True)
+        with self._lock:  # callers: submitting threads and the reader
             if self._closed:
                 return
             self._starting += 1
-        thread = threading.Thread(target=self._spawn, name="pg-compile-spawn", daemon=True)
-        self._spawners = [t for t in self._spawners if t.is_alive()] + [thread]
+            self._spawners = [t for t in self._spawners if t.is_alive()] + [thread]
         thread.start()
 
     def _top_up(self) -> None:
@@ -385,8 +385,9 @@ class WorkerPool:
         """Compile in a worker; ``done`` gets the reply, or the error: :class:`GrammarTimeout`
         (the worker was killed: no reply within ``timeout_s`` of handing the job over),
         :class:`CompileWorkerLost` (also when no worker could be started within
-        ``start_timeout_s``; a failed start is retried), or :class:`RuntimeClosed`. Never blocks; ``done`` runs in the pool's reader
-        thread (or in this one, for an error known at once) and must return quickly.
+        ``start_timeout_s``; a failed start is retried), or :class:`RuntimeClosed`. Never
+        blocks; ``done`` runs in the pool's reader thread (or in this one, for an error
+        known at once) and must return quickly.
 
         A worker that dies (before or during the job) is replaced and the job retried once
         on the new one; a second death gives :class:`CompileWorkerLost`, which callers must
