@@ -163,6 +163,17 @@ def test_inside_jit_the_error_points_at_mask_logits():
         step(jnp.zeros((2, 64)))
 
 
+def _on_two_cpu_devices(code: str) -> str:
+    """Run ``code`` in a fresh Python with two CPU devices (XLA must be told before JAX
+    starts); returns what it printed."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_multi_device_logits_are_refused_with_the_way_out():
     """Two CPU devices exist only when XLA is told so before JAX starts: a fresh process."""
     code = (
@@ -175,12 +186,8 @@ def test_multi_device_logits_are_refused_with_the_way_out():
         "except ValueError as exc:\n"
         "    print(exc)\n"
     )
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-           "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=False, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "these span 2" in out.stdout and "mask_logits inside your jit" in out.stdout, out.stdout
+    out = _on_two_cpu_devices(code)
+    assert "these span 2" in out and "mask_logits inside your jit" in out, out
 
 
 def test_nothing_to_mask_still_returns_a_new_array():
@@ -229,12 +236,8 @@ def test_a_bitmask_on_another_device_is_refused_naming_both():
         "except ValueError as exc:\n"
         "    print(exc)\n"
     )
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-           "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=False, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "the bitmask is on ['cpu:1'] and the logits on cpu:0" in out.stdout, out.stdout
+    out = _on_two_cpu_devices(code)
+    assert "the bitmask is on ['cpu:1'] and the logits on cpu:0" in out, out
 
 
 def test_64_bit_indices_with_x64_enabled():
