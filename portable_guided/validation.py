@@ -101,17 +101,12 @@ def _as_index_array(indices: Any, limit: int) -> np.ndarray:
         raise TypeError(f"indices must have an integer dtype, got {kind}")
     if len(indices.shape) != 1:
         raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
-    if framework == "numpy":
-        if kind == "uint64" and indices.size and int(indices.max()) >= limit:
-            raise ValueError(f"indices {indices[indices >= limit][:8].tolist()} out of range "
-                             f"[0, {limit})")
-        return indices.astype(np.int64)
     # A device tensor costs one device-to-host copy here; pass a list to avoid it.
-    values = indices.tolist()
-    if kind == "uint64" and any(i >= limit for i in values):  # past int64 too, possibly
-        raise ValueError(f"indices {[i for i in values if i >= limit][:8]} out of range "
+    host = indices if framework == "numpy" else np.asarray(indices.tolist())
+    if kind == "uint64" and host.size and int(host.max()) >= limit:  # past int64, possibly
+        raise ValueError(f"indices {host[host >= limit][:8].tolist()} out of range "
                          f"[0, {limit})")
-    return np.asarray(values, dtype=np.int64)
+    return host.astype(np.int64)
 
 
 def _element_strides(x: Any, framework: str) -> tuple[int, ...] | None:

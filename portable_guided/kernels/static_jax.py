@@ -23,7 +23,7 @@ import numpy as np
 
 from ..dlpack import host_int32
 from ..validation import MaskPlan
-from .static_common import device_words, expand_bitmask
+from .static_common import column_allow_words, device_words, expand_bitmask
 
 if TYPE_CHECKING:
     import jax
@@ -79,23 +79,15 @@ def executable(shape: tuple[int, ...], dtype: Any, device: Any, *, donate: bool 
 
 
 def _apply_device_bitmask(logits: jax.Array, bitmask: jax.Array, rows: jax.Array,
-                          vocab_size: jax.Array) -> jax.Array:
-    """``mask_logits`` for a bitmask already on the device, with ``vocab_size`` a traced scalar:
-    the bits of tokens at or past it are set here, so one graph per shape serves every
-    ``vocab_size``."""
-    import jax.numpy as jnp
-    from jax import lax
-
+                          allow: jax.Array) -> jax.Array:
+    """``mask_logits`` for a bitmask already on the device; ``allow`` (one int32 word per
+    bitmask word, :func:`column_allow_words`) sets the bits of the tokens at or past
+    ``vocab_size``, so ``vocab_size`` is data and one graph per shape serves all."""
     from ..jax import mask_logits
 
     width = logits.shape[-1]
     words = bitmask.shape[-1]
-    # Per word: how many of its 32 tokens lie below vocab_size (0-32); the bits above allowed.
-    below = jnp.clip(vocab_size - 32 * jnp.arange(words, dtype=jnp.int32), 0, 32)
-    low = (jnp.uint32(1) << (below & 31).astype(jnp.uint32)) - jnp.uint32(1)
-    low = jnp.where(below >= 32, np.uint32(0xFFFFFFFF), low)
-    table = lax.bitcast_convert_type(bitmask.reshape(-1, words), jnp.uint32) | ~low
-    masked = mask_logits(logits.reshape(-1, width), table, rows,
+    masked = mask_logits(logits.reshape(-1, width), bitmask.reshape(-1, words) | allow, rows,
                          vocab_size=min(width, 32 * words))
     return masked.reshape(logits.shape)
 
@@ -124,9 +116,8 @@ def apply_static_jax(logits: jax.Array, bitmask: Any, plan: MaskPlan) -> jax.Arr
     rows = np.full(plan.bitmask_rows, -1, np.int32)
     selected = plan.masked_rows
     rows[selected] = selected
-    vocab_size = np.int32(plan.vocab_size)
-    masked: jax.Array = _device_apply()(logits, bitmask,
-                                        *jax.device_put((rows, vocab_size), device))
+    allow = column_allow_words(plan.vocab_size, 32 * plan.bitmask_words)
+    masked: jax.Array = _device_apply()(logits, bitmask, *jax.device_put((rows, allow), device))
     return masked
 
 
