@@ -15,6 +15,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# Modules, not names: the front end imports .errors, which may be what is importing us.
+from ..json_schema import dialects as _dialects
+from ..json_schema import normalise as _normalise
 from .errors import GrammarSpecError
 from .meta_fast import proves_valid
 
@@ -124,25 +127,50 @@ class GrammarSpec:
                 f"schema must be a dict, a bool or JSON text, got {type(schema).__name__}"
             )
         values = _check_depth(schema)
+        dialect = _dialects.dialect_of(schema)  # refuses draft 3 and unknown URIs
         # Key order is kept: engines generate properties in schema order.
         text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
         deferred = False
-        if validate:
-            _validate_refs(schema, "", text)
-            deferred = _check_meta_unless_slow(schema, len(text), values)
+        if dialect is _dialects.LATEST:  # (most schemas: no walk, no copy)
+            if validate:
+                _validate_refs(schema, "", text)
+                deferred = _check_meta_unless_slow(schema, len(text), values)
+        else:
+            # Checked under the declared draft, then stored in its 2020-12 form, the only one
+            # the lowering and the engines read. A check left to the compile job (or skipped
+            # by the caller, who may defer it) needs the declared form: the text then stays as
+            # declared, and engine_schema_text() rewrites it in the compile job.
+            if validate:
+                deferred = _check_meta_unless_slow(schema, len(text), values)
+            normalised = _normalise.normalise(schema, dialect)
+            if validate:
+                _validate_refs(normalised, "")
+                if not deferred:
+                    text = json.dumps(normalised, ensure_ascii=False, separators=(",", ":"))
         return cls("json_schema", text, (("any_whitespace", bool(any_whitespace)),
                                          ("strict", bool(strict))), deferred_check=deferred)
 
     def engine_schema_text(self) -> str:
-        """The JSON schema text every engine compiles for this ``json_schema`` spec (the
-        strict variant applied)."""
+        """The JSON schema text every engine compiles for this ``json_schema`` spec: draft
+        2020-12 whatever draft the schema declared (:mod:`portable_guided.json_schema.\
+normalise`), the strict variant applied."""
         if self.kind != "json_schema":
             raise ValueError(f"engine_schema_text needs a json_schema spec, got {self.kind!r}")
+        text = self.text
+        if '"$schema"' in text and not all(_LATEST_URI.fullmatch(uri) for uri
+                                           in _SCHEMA_URI.findall(text)):
+            # Kept as declared (its check deferred, or skipped): rewritten to 2020-12 here.
+            schema = self.payload
+            dialect = _dialects.dialect_of(schema)
+            if dialect is not _dialects.LATEST:
+                text = json.dumps(_normalise.normalise(schema, dialect), ensure_ascii=False,
+                                  separators=(",", ":"))
         if not self.option("strict", False):
-            return self.text
+            return text
         from .json_semantics import strict_schema
 
-        return json.dumps(strict_schema(self.payload), ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(strict_schema(json.loads(text)), ensure_ascii=False,
+                          separators=(",", ":"))
 
     @classmethod
     def any_json(cls, *, any_whitespace: bool = True) -> GrammarSpec:
@@ -238,13 +266,17 @@ class GrammarSpec:
                     f"tag {i} begin {tag['begin']!r} starts with none of the triggers "
                     f"{list(triggers)!r}", pointer=f"/tags/{i}/begin",
                 )
-            _validate_schema(tag["schema"], base=f"/tags/{i}/schema")
-            clean.append({"begin": tag["begin"], "schema": tag["schema"], "end": tag["end"]})
+            schema = _validate_schema(tag["schema"], base=f"/tags/{i}/schema")
+            clean.append({"begin": tag["begin"], "schema": schema, "end": tag["end"]})
         text = json.dumps({"tags": clean, "triggers": list(triggers)}, ensure_ascii=False)
         return cls("structural_tag", text)
 
 
 # -- JSON schema validation ----------------------------------------------------------------
+#: A ``"$schema"`` member of canonical JSON text (a cheap test for "kept as declared").
+_SCHEMA_URI = re.compile(r'"\$schema":"((?:[^"\\]|\\.)*)"')
+#: The URIs naming draft 2020-12 (with or without ``#``, http or https).
+_LATEST_URI = re.compile(r"https?://json-schema\.org/draft/2020-12/schema/?#?")
 #: Schemas whose JSON text is longer are checked against the meta-schema in the compile job
 #: (which first tries the quick proof, ``meta_fast.proves_valid``).
 DEFER_CHECK_ABOVE_CHARS = 65536
@@ -300,12 +332,23 @@ def _check_meta_unless_slow(schema: Any, chars: int, values: int) -> bool:
     return False
 
 
-def _validate_schema(schema: Any, base: str = "") -> None:
-    """Check a schema embedded in another spec (a structural tag's) completely, now."""
+def _validate_schema(schema: Any, base: str = "") -> Any:
+    """Check a schema embedded in another spec (a structural tag's) completely, now;
+    returns its draft 2020-12 form (the only one engines read)."""
     _check_depth(schema, base)
-    _validate_refs(schema, base)
-    if not proves_valid(schema):
-        _validate_meta(schema, base)
+    try:
+        dialect = _dialects.dialect_of(schema)
+    except GrammarSpecError as exc:
+        raise GrammarSpecError(str(exc).rsplit(" at ", 1)[0], pointer=f"{base}/$schema") from None
+    if dialect is _dialects.LATEST:
+        _validate_refs(schema, base)
+        if not proves_valid(schema):
+            _validate_meta(schema, base)
+        return schema
+    _validate_meta(schema, base)
+    normalised = _normalise.normalise(schema, dialect)
+    _validate_refs(normalised, base)
+    return normalised
 
 
 def _validate_refs(schema: Any, base: str, text: str | None = None) -> None:
@@ -335,12 +378,11 @@ def _validate_refs(schema: Any, base: str, text: str | None = None) -> None:
 def _validate_meta(schema: Any, base: str) -> None:
     try:
         import jsonschema
-        from jsonschema.validators import validator_for
     except ImportError:  # validation by the meta-schema is optional
         return
     if isinstance(schema, bool):
         return
-    validator = validator_for(schema, default=jsonschema.Draft202012Validator)
+    validator = getattr(jsonschema, _dialects.dialect_of(schema).validator)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:

@@ -1,0 +1,303 @@
+"""Rewrite a schema of any supported draft into draft 2020-12 with the same meaning.
+
+The lowering and every engine read draft 2020-12 only; a schema naming another draft in its
+``$schema`` is rewritten here first (a new object; the input is untouched):
+
+- keywords the declared draft does not know assert nothing there: they are dropped;
+- before 2019-09 every sibling of ``$ref`` is ignored, ``$id`` included: only ``$ref`` is
+  kept (and the ``definitions``/``$defs`` beside it, which assert nothing and which
+  references point into);
+- draft 4: ``id`` becomes ``$id``; a boolean ``exclusiveMaximum``/``exclusiveMinimum``
+  turns its ``maximum``/``minimum`` into the numeric form;
+- before 2020-12: a list ``items`` and its ``additionalItems`` become ``prefixItems`` and
+  ``items``; ``dependencies`` (to draft 7) becomes ``dependentRequired``/``dependentSchemas``;
+- a plain-name fragment ``$id`` (``"#foo"``, drafts 4 to 7) becomes ``$anchor``;
+- 2019-09: ``$recursiveAnchor: true`` / ``$recursiveRef: "#"`` become a ``$dynamicAnchor`` /
+  ``$dynamicRef`` pair with the 2019-09 meaning.
+
+Only the schema's structure is walked: the names under ``properties`` (and the like) are user
+data, and the values of ``enum``/``const``/``default``/``examples`` are never rewritten. A
+JSON-pointer reference into something moved is rewritten to its new place; one into
+something dropped is refused (:class:`GrammarSpecError`): it fails closed, never accepting
+more than the declared draft does.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+from ..runtime.errors import GrammarSpecError
+from .dialects import KEYWORDS, LATEST, Dialect, dialect_named, form
+
+__all__ = ["normalise"]
+
+#: The base URI of a schema without ``$id`` (never fetched; as the runtime's ref check).
+_LOCAL_BASE = "https://portable-guided.invalid/root.json"
+#: ``$anchor``'s syntax in 2020-12 (drafts 6 and 7 also allowed ``:`` in a plain name).
+_ANCHOR = re.compile(r"[A-Za-z_][-A-Za-z0-9._]*")
+#: The ``$dynamicAnchor`` standing for 2019-09's ``$recursiveAnchor: true``.
+RECURSIVE_ANCHOR = "pg_recursive"
+
+Path = tuple[str, ...]
+
+
+def normalise(schema: Any, dialect: Dialect) -> Any:
+    """``schema``, read under ``dialect``, as a draft 2020-12 schema of the same meaning
+    (without ``$schema``). A 2020-12 schema is returned as it is (not copied).
+
+    >>> from portable_guided.json_schema.dialects import dialect_of
+    >>> s = {"$schema": "http://json-schema.org/draft-04/schema#",
+    ...      "maximum": 5, "exclusiveMaximum": True}
+    >>> normalise(s, dialect_of(s))
+    {'exclusiveMaximum': 5}
+    """
+    if dialect is LATEST:
+        return schema
+    walk = _Walk(dialect)
+    try:
+        out = walk.node(schema, (), (), _LOCAL_BASE)
+        walk.finish()
+    except GrammarSpecError:
+        raise
+    except ValueError as exc:  # e.g. an $id urllib cannot parse
+        raise GrammarSpecError(f"schema not readable under {dialect.uri}: {exc}") from None
+    return out
+
+
+def _pointer(path: Path) -> str:
+    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
+
+
+class _Walk:
+    """One normalisation: where each input schema went (``moved``: input path -> output
+    path, None when dropped), the resources and the references to re-aim afterwards."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.d = dialect
+        self.legacy_ref = dialect.rank < 3  # $ref siblings ignored (drafts 4, 6, 7)
+        self.id_key = "id" if dialect.rank == 0 else "$id"
+        self.moved: dict[Path, Path | None] = {}
+        #: resource URI -> (input path, output path) of its root.
+        self.resources: dict[str, tuple[Path, Path]] = {_LOCAL_BASE: ((), ())}
+        #: (output node, input path, base URI) of each $ref and of each $recursiveRef.
+        self.refs: list[tuple[dict[str, Any], Path, str]] = []
+        self.recursive_refs: list[tuple[dict[str, Any], Path, str]] = []
+        #: Resources whose root has ``$recursiveAnchor: true`` (2019-09).
+        self.anchored: set[str] = set()
+        self.keys_seen: set[str] = set()
+
+    def fail(self, path: Path, message: str) -> GrammarSpecError:
+        return GrammarSpecError(f"{message} (under {self.d.uri})", pointer=_pointer(path) or "/")
+
+    # -- the walk ----------------------------------------------------------------------------
+    def node(self, schema: Any, old: Path, new: Path, base: str) -> Any:
+        self.moved[old] = new
+        if not isinstance(schema, Mapping):
+            return schema  # a boolean schema (or an invalid one: the meta check says so)
+        if self.legacy_ref and "$ref" in schema:
+            # Drafts 4 to 7: $ref alone counts; its siblings ($id too) are ignored.
+            kept = {k: v for k, v in schema.items() if k in ("$ref", "definitions", "$defs")}
+            for key in schema:
+                if key not in kept:
+                    self.moved[old + (key,)] = None
+            schema = kept
+        out: dict[str, Any] = {}
+        base, root = self._base(schema, old, new, base, out)
+        for key, value in schema.items():
+            self.keys_seen.add(key)
+            if key == "$recursiveAnchor" and self.d.rank == 3:
+                if not isinstance(value, bool):
+                    raise self.fail(old + (key,), f"$recursiveAnchor {value!r:.60} is not a "
+                                                  "boolean")
+                if value and root:  # read at a resource's root only
+                    out["$dynamicAnchor"] = RECURSIVE_ANCHOR
+                    self.anchored.add(base)
+            else:
+                self._keyword(key, value, schema, old, new, base, out)
+        return out
+
+    def _base(self, schema: Mapping[str, Any], old: Path, new: Path, base: str,
+              out: dict[str, Any]) -> tuple[str, bool]:
+        """The base URI inside ``schema`` and whether it is a resource's root, writing the
+        2020-12 form of its identifier (``$id``, ``$anchor``) into ``out``."""
+        ident = schema.get(self.id_key)
+        if not isinstance(ident, str):
+            return base, not old
+        where = old + (self.id_key,)
+        uri, _, fragment = ident.partition("#")
+        if fragment and not _ANCHOR.fullmatch(fragment):
+            raise self.fail(where, f"{self.id_key} {ident!r:.100} has a fragment that is not "
+                                   "a plain name")
+        if fragment and self.d.rank >= 3:
+            raise self.fail(where, f"$id {ident!r:.100} has a fragment")
+        if fragment:
+            out["$anchor"] = fragment  # a location-independent identifier
+        if not uri:
+            return base, not old
+        base = urllib.parse.urljoin(base, uri).split("#")[0]
+        out["$id"] = uri
+        self.resources[base] = (old, new)
+        return base, True
+
+    def _keyword(self, key: str, value: Any, schema: Mapping[str, Any], old: Path, new: Path,
+                 base: str, out: dict[str, Any]) -> None:
+        here = old + (key,)
+        kind = form(key, self.d)
+        if key in ("$defs", "definitions"):
+            # Containers: they assert nothing, and references point into them.
+            out[key] = self._map(value, here, new + (key,), base)
+        elif key == "$schema":
+            # Only the root's is read; one inside naming another draft is not supported.
+            if old and dialect_named(value) is not self.d:
+                raise self.fail(here, f"$schema {value!r:.100} inside a {self.d.name} schema "
+                                      "is not supported")
+        elif kind is None:
+            if key in _KNOWN_SOMEWHERE:
+                self.moved[here] = None  # unknown to this draft: asserts nothing, dropped
+            else:
+                out[key] = value  # unknown to every draft: an annotation everywhere
+                self.moved[here] = new + (key,)
+        elif kind == "id":
+            pass  # written by _base
+        elif key == "items" and kind == "schema_or_list":
+            self._items(value, schema, old, new, base, out)
+        elif key == "additionalItems":
+            if "items" not in schema or not isinstance(schema["items"], list):
+                self.moved[here] = None  # read only beside a list of items
+        elif kind == "schema":
+            out[key] = self.node(value, here, new + (key,), base)
+        elif kind == "schema_map":
+            out[key] = self._map(value, here, new + (key,), base)
+        elif kind == "schemas":
+            out[key] = self._list(value, here, new + (key,), base)
+        elif kind == "schema_or_names":
+            self._dependencies(value, here, new, base, out)
+        elif kind == "boolean":
+            self._exclusive(key, value, schema, here, out)
+        elif key in ("maximum", "minimum") and self.d.rank == 0:
+            if schema.get("exclusiveM" + key[1:]) is not True:
+                out[key] = value  # else _exclusive writes it as the exclusive bound
+        elif kind == "ref":
+            out[key] = value
+            self.refs.append((out, old, base))
+        elif kind == "recursive_ref":
+            if value != "#":
+                raise self.fail(here, f"$recursiveRef {value!r:.60} is not \"#\"")
+            out["$dynamicRef"] = "#" + RECURSIVE_ANCHOR
+            self.recursive_refs.append((out, old, base))
+        else:  # a value, data or an annotation: the same in every draft that knows it
+            out[key] = value
+
+    def _map(self, value: Any, old: Path, new: Path, base: str) -> Any:
+        if not isinstance(value, Mapping):
+            return value
+        self.moved[old] = new
+        return {name: self.node(sub, old + (name,), new + (name,), base)
+                for name, sub in value.items()}
+
+    def _list(self, value: Any, old: Path, new: Path, base: str) -> Any:
+        if not isinstance(value, list):
+            return value
+        self.moved[old] = new
+        return [self.node(sub, old + (str(i),), new + (str(i),), base)
+                for i, sub in enumerate(value)]
+
+    def _items(self, items: Any, schema: Mapping[str, Any], old: Path, new: Path, base: str,
+               out: dict[str, Any]) -> None:
+        if not isinstance(items, list):
+            out["items"] = self.node(items, old + ("items",), new + ("items",), base)
+            return
+        out["prefixItems"] = self._list(items, old + ("items",), new + ("prefixItems",), base)
+        if "additionalItems" in schema:
+            out["items"] = self.node(schema["additionalItems"], old + ("additionalItems",),
+                                     new + ("items",), base)
+
+    def _dependencies(self, deps: Any, old: Path, new: Path, base: str,
+                      out: dict[str, Any]) -> None:
+        if not isinstance(deps, Mapping):
+            raise self.fail(old, f"dependencies must be an object, got {type(deps).__name__}")
+        required: dict[str, Any] = {}
+        schemas: dict[str, Any] = {}
+        for name, dep in deps.items():
+            if isinstance(dep, list):
+                required[name] = dep
+                self.moved[old + (name,)] = None  # a list of names is not a schema
+            else:
+                schemas[name] = self.node(dep, old + (name,),
+                                          new + ("dependentSchemas", name), base)
+        if required:
+            out["dependentRequired"] = required
+        if schemas:
+            out["dependentSchemas"] = schemas
+
+    def _exclusive(self, key: str, value: Any, schema: Mapping[str, Any], here: Path,
+                   out: dict[str, Any]) -> None:
+        """Draft 4: ``exclusiveMaximum: true`` makes ``maximum`` exclusive; alone, or
+        false, it asserts nothing."""
+        if not isinstance(value, bool):
+            raise self.fail(here, f"{key} must be a boolean in draft 4, got {value!r:.60}")
+        bound = "maximum" if key == "exclusiveMaximum" else "minimum"
+        if value and bound in schema:
+            out[key] = schema[bound]
+
+    # -- after the walk -------------------------------------------------------------------------
+    def finish(self) -> None:
+        """Re-aim the references (:meth:`_fix_ref`); make a ``$recursiveRef`` whose resource
+        has no ``$recursiveAnchor: true`` the plain ``$ref: "#"`` it is in 2019-09."""
+        if self.d.rank == 3 and {"contains", "unevaluatedItems"} <= self.keys_seen:
+            # 2019-09 does not count the items `contains` matched as evaluated; 2020-12 does.
+            raise GrammarSpecError(f"unevaluatedItems beside contains is not supported under "
+                                   f"{self.d.uri}", pointer="/")
+        for node, old, base in self.refs:
+            self._fix_ref(node, old, base)
+        for node, old, base in self.recursive_refs:
+            if base not in self.anchored:
+                if "$ref" in node:
+                    raise self.fail(old, "$recursiveRef beside $ref is not supported")
+                node["$ref"] = "#"
+                del node["$dynamicRef"]
+
+    def _fix_ref(self, node: dict[str, Any], old: Path, base: str) -> None:
+        """Re-aim a JSON-pointer ``$ref`` at where its target went; refuse one whose target
+        was dropped (fail closed: the declared draft could not reach it as a schema)."""
+        ref = node["$ref"]
+        if not isinstance(ref, str):
+            return
+        target, _, fragment = urllib.parse.urljoin(base, ref).partition("#")
+        if fragment and not fragment.startswith("/"):
+            return  # an anchor: carried as $anchor
+        root = self.resources.get(target)
+        if root is None:
+            return  # not in this document: the runtime refuses it
+        tokens = urllib.parse.unquote(fragment).split("/")[1:] if fragment else []
+        path = root[0] + tuple(t.replace("~1", "/").replace("~0", "~") for t in tokens)
+        moved = self._where(path, old)
+        if moved[:len(root[1])] != root[1]:
+            raise self.fail(old + ("$ref",), f"$ref {ref!r:.100} leaves its resource")
+        if path[len(root[0]):] != moved[len(root[1]):]:
+            pointer = _pointer(moved[len(root[1]):])
+            head = ref.partition("#")[0]
+            node["$ref"] = f"{head}#{urllib.parse.quote(pointer, safe=_POINTER_SAFE)}"
+
+    def _where(self, path: Path, at: Path) -> Path:
+        """Where the input location ``path`` is in the output (through its deepest walked
+        ancestor); refuses one inside something dropped."""
+        for cut in range(len(path), -1, -1):
+            if path[:cut] in self.moved:
+                dest = self.moved[path[:cut]]
+                if dest is None:
+                    raise self.fail(at + ("$ref",), f"$ref points to {_pointer(path)!r:.100}, "
+                                                    f"which {self.d.name} ignores")
+                return dest + path[cut:]
+        return path
+
+
+_POINTER_SAFE = "/~:@!$&'()*+,;="
+
+#: Keywords some draft reads as more than an annotation: dropped where the declared draft does
+#: not know them (the engines read 2020-12, or their own rules, and may assert them).
+_KNOWN_SOMEWHERE = frozenset(k for k, forms in KEYWORDS.items()
+                             if set(forms.values()) - {"annotation", "data"} or k == "const")

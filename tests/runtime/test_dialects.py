@@ -1,0 +1,372 @@
+"""JSON Schema dialects: ``$schema`` URIs, the keyword table, the rewrite of drafts 4, 6, 7
+and 2019-09 into 2020-12, and what the engines accept for schemas declaring those drafts.
+
+The independent reference is ``jsonschema``: its validator of the declared draft on the
+original schema must agree with its draft 2020-12 validator on the rewritten one, over the
+instances of the official JSON Schema Test Suite (and of random small schemas).
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+from runtime_helpers import decide_text
+
+from portable_guided.json_schema.dialects import DIALECTS, KEYWORDS, LATEST, by_name, dialect_of
+from portable_guided.json_schema.normalise import RECURSIVE_ANCHOR, normalise
+from portable_guided.runtime import GrammarSpec, GrammarSpecError
+
+jsonschema = pytest.importorskip("jsonschema")
+referencing = pytest.importorskip("referencing")
+
+SUITE = Path(__file__).resolve().parents[1] / "data" / "json-schema-test-suite"
+MASKBENCH = Path("/work/shared/data/maskbench")
+D4, D6, D7, D19 = (d.uri for d in DIALECTS[:4])
+OLD_DRAFTS = ["draft4", "draft6", "draft7", "draft2019-09"]
+
+
+def norm(schema):
+    return normalise(schema, dialect_of(schema))
+
+
+# -- $schema URIs --------------------------------------------------------------------------
+@pytest.mark.parametrize(("uri", "name"), [
+    ("http://json-schema.org/draft-04/schema#", "draft4"),
+    ("http://json-schema.org/draft-04/schema", "draft4"),
+    ("https://json-schema.org/draft-04/schema#", "draft4"),
+    ("http://json-schema.org/draft-06/schema#", "draft6"),
+    ("http://json-schema.org/draft-07/schema", "draft7"),
+    ("https://json-schema.org/draft/2019-09/schema", "draft2019-09"),
+    ("https://json-schema.org/draft/2019-09/schema#", "draft2019-09"),
+    ("https://json-schema.org/draft/2020-12/schema", "draft2020-12"),
+    ("http://json-schema.org/draft/2020-12/schema#", "draft2020-12"),
+])
+def test_standard_uris(uri, name):
+    assert dialect_of({"$schema": uri}).name == name
+
+
+def test_no_schema_is_2020_12():
+    assert dialect_of({"type": "string"}) is LATEST
+    assert dialect_of(True) is LATEST
+
+
+@pytest.mark.parametrize("uri", ["http://json-schema.org/draft-03/schema#",
+                                 "http://json-schema.org/schema#", "https://example.com/s",
+                                 "", 7, None])
+def test_unknown_dialect_refused(uri):
+    with pytest.raises(GrammarSpecError) as err:
+        GrammarSpec.json_schema({"$schema": uri, "type": "string"})
+    assert repr(uri)[:40] in str(err.value) and LATEST.uri in str(err.value)
+    with pytest.raises(GrammarSpecError):  # never read as another draft, checked or not
+        GrammarSpec.json_schema({"$schema": uri}, validate=False)
+
+
+@pytest.mark.skipif(not MASKBENCH.is_dir(), reason=f"MaskBench not at {MASKBENCH}")
+def test_maskbench_dialects_accepted():
+    seen: dict[str, int] = {}
+    for path in sorted(glob.glob(str(MASKBENCH / "*.jsonl"))):
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                schema = json.loads(line)["schema"]
+                if isinstance(schema, str):
+                    schema = json.loads(schema)
+                name = dialect_of(schema).name
+                seen[name] = seen.get(name, 0) + 1
+    assert sum(seen.values()) == 7818
+    assert seen == {"draft2020-12": 4496 + 17, "draft4": 2809, "draft7": 343, "draft6": 153}
+
+
+# -- the keyword table ---------------------------------------------------------------------
+#: Keywords read by another one in jsonschema (its validators hold no entry of their own).
+_READ_BY_OTHERS = {"then", "else", "minContains", "maxContains"}
+_NOT_ASSERTING = {"annotation", "container", "id", "anchor", "dynamic_anchor",
+                  "recursive_anchor"}
+
+
+@pytest.mark.parametrize("dialect", DIALECTS, ids=lambda d: d.name)
+def test_keyword_table_matches_jsonschema(dialect):
+    # The keywords the table says the draft asserts with are those jsonschema's validator
+    # of that draft implements (an independent reading of each draft).
+    table = {k for k, forms in KEYWORDS.items()
+             if forms.get(dialect.name) not in (None, *_NOT_ASSERTING)}
+    table -= {"$schema", "$vocabulary", "default", "examples", "contentSchema"}
+    table -= _READ_BY_OTHERS
+    if dialect.rank == 0:
+        table -= {"exclusiveMaximum", "exclusiveMinimum"}  # read by maximum / minimum
+    assert table == set(getattr(jsonschema, dialect.validator).VALIDATORS)
+
+
+# -- each rewrite --------------------------------------------------------------------------
+@pytest.mark.parametrize(("schema", "expected"), [
+    ({"$schema": D4, "maximum": 5, "exclusiveMaximum": True}, {"exclusiveMaximum": 5}),
+    ({"$schema": D4, "minimum": 1, "exclusiveMinimum": False}, {"minimum": 1}),
+    ({"$schema": D4, "exclusiveMinimum": True}, {}),
+    ({"$schema": D6, "exclusiveMaximum": 3}, {"exclusiveMaximum": 3}),
+    ({"$schema": D7, "items": [{"type": "string"}], "additionalItems": False},
+     {"prefixItems": [{"type": "string"}], "items": False}),
+    ({"$schema": D7, "items": {"type": "string"}, "additionalItems": False},
+     {"items": {"type": "string"}}),
+    ({"$schema": D19, "items": [True], "unevaluatedItems": False},
+     {"prefixItems": [True], "unevaluatedItems": False}),
+    ({"$schema": D4, "dependencies": {"a": ["b"], "c": {"required": ["d"]}}},
+     {"dependentRequired": {"a": ["b"]}, "dependentSchemas": {"c": {"required": ["d"]}}}),
+    ({"$schema": D19, "dependencies": {"a": ["b"]}}, {}),  # 2019-09 no longer reads it
+    ({"$schema": D4, "id": "http://x/s.json", "type": "string"},
+     {"$id": "http://x/s.json", "type": "string"}),
+    ({"$schema": D7, "definitions": {"a": {"$id": "#foo", "type": "integer"}}},
+     {"definitions": {"a": {"$anchor": "foo", "type": "integer"}}}),
+    ({"$schema": D4, "const": 1, "contains": {}, "propertyNames": {}, "if": {},
+      "x-note": {"const": 2}}, {"x-note": {"const": 2}}),
+    ({"$schema": D7, "$ref": "#/definitions/a", "$id": "http://x/y", "type": "string",
+      "definitions": {"a": {}}}, {"$ref": "#/definitions/a", "definitions": {"a": {}}}),
+    ({"$schema": D19, "$ref": "#/$defs/a", "type": "string", "$defs": {"a": {}}},
+     {"$ref": "#/$defs/a", "type": "string", "$defs": {"a": {}}}),
+    ({"$schema": D19, "$id": "http://x/t", "$recursiveAnchor": True,
+      "items": {"$recursiveRef": "#"}},
+     {"$id": "http://x/t", "$dynamicAnchor": RECURSIVE_ANCHOR,
+      "items": {"$dynamicRef": "#" + RECURSIVE_ANCHOR}}),
+    ({"$schema": D19, "items": {"$recursiveRef": "#"}}, {"items": {"$ref": "#"}}),
+])
+def test_rewrite(schema, expected):
+    before = copy.deepcopy(schema)
+    assert norm(schema) == expected
+    assert schema == before  # the input is untouched
+
+
+def test_data_and_names_are_not_rewritten():
+    data = {"items": [1], "exclusiveMaximum": True, "$ref": "#/nowhere", "id": "x"}
+    schema = {"$schema": D4, "enum": [data], "default": data,
+              "properties": {"items": {"type": "string"}, "dependencies": {},
+                             "const": {"maximum": 1, "exclusiveMaximum": True}}}
+    out = norm(schema)
+    assert out["enum"] == [data] and out["default"] == data
+    assert out["properties"] == {"items": {"type": "string"}, "dependencies": {},
+                                 "const": {"exclusiveMaximum": 1}}
+
+
+def test_pointers_follow_what_moved():
+    schema = {"$schema": D7, "items": [{"type": "string"}, {"$ref": "#/items/0"}],
+              "additionalItems": {"$ref": "#/dependencies/a"},
+              "dependencies": {"a": {"$ref": "#/items/1"}}}
+    assert norm(schema) == {
+        "prefixItems": [{"type": "string"}, {"$ref": "#/prefixItems/0"}],
+        "items": {"$ref": "#/dependentSchemas/a"},
+        "dependentSchemas": {"a": {"$ref": "#/prefixItems/1"}}}
+
+
+@pytest.mark.parametrize("schema", [
+    {"$schema": D7, "$ref": "#/if", "if": {"type": "string"}},  # a sibling of $ref
+    {"$schema": D6, "if": {"type": "string"}, "properties": {"a": {"$ref": "#/if"}}},
+    {"$schema": D4, "items": {"$ref": "#/additionalItems"}, "additionalItems": False},
+    {"$schema": D7, "allOf": [{"$ref": "#/definitions/a/items"}],  # under a dropped sibling
+     "definitions": {"a": {"$ref": "#", "items": {}}}},
+])
+def test_pointer_into_what_the_draft_ignores_is_refused(schema):
+    with pytest.raises(GrammarSpecError, match="ignores"):
+        norm(schema)
+
+
+def test_ref_beside_id_resolves_against_the_outer_base():
+    # Draft 7 ignores the $id beside $ref: "#/definitions/a" is the root's (an integer).
+    schema = {"$schema": D7, "$id": "http://x/root.json",
+              "definitions": {"a": {"type": "integer"}},
+              "properties": {"p": {"$id": "http://y/other.json", "$ref": "#/definitions/a",
+                                   "definitions": {"a": {"type": "string"}}}}}
+    out = norm(schema)
+    assert out["properties"]["p"] == {"$ref": "#/definitions/a",
+                                      "definitions": {"a": {"type": "string"}}}
+    v = jsonschema.Draft202012Validator(out)
+    assert v.is_valid({"p": 1}) and not v.is_valid({"p": "s"})
+
+
+def test_unsupported_2019_constructs_refused():
+    with pytest.raises(GrammarSpecError, match="contains"):
+        norm({"$schema": D19, "contains": {}, "unevaluatedItems": False})
+    with pytest.raises(GrammarSpecError, match="recursiveRef"):
+        norm({"$schema": D19, "$recursiveRef": "#/x"})
+    with pytest.raises(GrammarSpecError, match="inside"):
+        norm({"$schema": D7, "items": {"$schema": D4}})
+
+
+# -- against jsonschema, on the official Test Suite ------------------------------------------
+def _suite_groups(name):
+    files = sorted(glob.glob(str(SUITE / name / "*.json"))
+                   + glob.glob(str(SUITE / name / "optional" / "*.json")))
+    for path in files:
+        with open(path, encoding="utf-8") as fh:
+            for i, group in enumerate(json.load(fh)):
+                yield f"{os.path.basename(path)}#{i}", group
+
+
+def _verdict(validator, schema, data):
+    try:
+        return validator(schema).is_valid(data)
+    except (LookupError, ValueError, RecursionError, re.error,  # e.g. ECMAScript-only regexes
+            jsonschema.exceptions.SchemaError, referencing.exceptions.Unresolvable) as exc:
+        return type(exc).__name__  # no verdict
+
+
+#: Where the declared draft's data model differs from 2020-12's (not expressible there):
+#: draft 4's "integer" excludes 1.0, which equals 1 in later drafts.
+_DATA_MODEL = {("draft4", "zeroTerminatedFloats.json#0")}
+
+
+@pytest.mark.skipif(not SUITE.is_dir(), reason=f"JSON Schema Test Suite not at {SUITE}")
+@pytest.mark.parametrize("name", OLD_DRAFTS)
+def test_suite_same_verdicts(name):
+    dialect = by_name(name)
+    declared = getattr(jsonschema, dialect.validator)
+    compared = refused = 0
+    wrong = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for gid, group in _suite_groups(name):
+            schema = group["schema"]
+            if "localhost:1234" in json.dumps(schema) or (name, gid) in _DATA_MODEL:
+                continue  # remote references: refused by the runtime
+            if isinstance(schema, dict) and "$schema" not in schema:
+                schema = {"$schema": dialect.uri, **schema}
+            try:
+                out = normalise(schema, dialect)
+            except GrammarSpecError:
+                refused += 1
+                continue
+            for test in group["tests"]:
+                want = _verdict(declared, schema, test["data"])
+                got = _verdict(jsonschema.Draft202012Validator, out, test["data"])
+                compared += 1
+                # Where jsonschema's reading of the draft is off the suite's, the suite's
+                # label is the reference.
+                if got != want and not (want != test["valid"] and got == test["valid"]):
+                    wrong.append((gid, test["description"], want, got))
+    assert not wrong
+    assert compared > 600 and refused <= 2, (compared, refused)
+
+
+# -- through the runtime, on every engine -----------------------------------------------------
+BUGS = [  # (schema, valid texts, invalid texts)
+    ({"$schema": D7, "contains": {"minimum": 5}}, ["[5, 2]"], ["[2, 3, 4]", "[]"]),
+    ({"$schema": D19, "contains": {"minimum": 5}, "minContains": 2},
+     ["[5, 6]"], ["[2, 3, 5]", "[1]"]),
+    ({"$schema": D19, "items": [{"type": "string"}], "unevaluatedItems": False},
+     ['["foo"]', "[]"], ['["foo", "bar"]', "[1]"]),
+    ({"$schema": D7, "$id": "http://x/root.json", "definitions": {"a": {"type": "integer"}},
+      "properties": {"p": {"$id": "http://y/other.json", "$ref": "#/definitions/a",
+                           "definitions": {"a": {"type": "string"}}}}},
+     ['{"p": 1}'], ['{"p": "s"}']),
+    ({"$schema": D4, "maximum": 5, "exclusiveMaximum": True}, ["4"], ["5", "6"]),
+    ({"$schema": D6, "items": [{"type": "integer"}], "additionalItems": {"type": "string"}},
+     ['[1, "a"]'], ['[1, 2]', '["a"]']),
+]
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance", "auto"])
+@pytest.mark.parametrize("case", range(len(BUGS)))
+def test_declared_draft_enforced(engine, case, runtimes):
+    schema, valid, invalid = BUGS[case]
+    for text in invalid:
+        assert decide_text(runtimes[engine], schema, text) is not True, text
+    if engine == "auto":
+        for text in valid:
+            assert decide_text(runtimes[engine], schema, text) is True, text
+
+
+METAMORPHIC = [  # schemas whose keywords mean the same in draft 7 and 2020-12
+    {"type": "object", "properties": {"a": {"type": "integer", "minimum": 2},
+                                      "b": {"enum": ["x", "y"]}},
+     "required": ["a"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "string", "maxLength": 2}, "minItems": 1},
+    {"anyOf": [{"type": "null"}, {"type": "string", "pattern": "^a"}]},
+]
+TEXTS = ['{"a": 2}', '{"a": 1}', '{"a": 3, "b": "x"}', '{"a": 3, "c": 1}', '["ab"]',
+         '["abc"]', "[]", "null", '"ab"', '"b"']
+
+
+@pytest.mark.parametrize("case", range(len(METAMORPHIC)))
+def test_same_reading_same_language(case, runtimes):
+    schema = METAMORPHIC[case]
+    declared = {"$schema": D7, **schema}
+    # The same 2020-12 text, so the same key, cache entry and grammar ...
+    assert GrammarSpec.json_schema(declared).key == GrammarSpec.json_schema(schema).key
+    # ... and, end to end, the same accepted texts.
+    rt = runtimes["auto"]
+    for text in TEXTS:
+        assert decide_text(rt, declared, text) == decide_text(rt, schema, text), text
+
+
+# -- the spec: cheap for 2020-12, checked under the declared draft ---------------------------
+def test_2020_12_schema_not_walked(monkeypatch):
+    import portable_guided.json_schema.normalise as module
+
+    def walked(*args):
+        raise AssertionError("normalise called")
+
+    monkeypatch.setattr(module, "normalise", walked)
+    schema = {"$schema": LATEST.uri, "type": "object", "properties": {"a": {}}}
+    assert GrammarSpec.json_schema(schema).payload == schema
+    assert GrammarSpec.json_schema({"type": "string"}).engine_schema_text() == \
+        '{"type":"string"}'
+
+
+def test_checked_under_the_declared_draft():
+    with pytest.raises(GrammarSpecError, match="invalid JSON schema"):
+        GrammarSpec.json_schema({"$schema": D4, "exclusiveMaximum": 3})  # boolean in draft 4
+    with pytest.raises(GrammarSpecError, match="invalid JSON schema"):
+        GrammarSpec.json_schema({"$schema": D4, "properties": {"a": True}})
+    spec = GrammarSpec.json_schema({"$schema": D4, "maximum": 3, "exclusiveMaximum": True})
+    assert spec.payload == {"exclusiveMaximum": 3} and not spec.deferred_check
+
+
+def _large(schema_extra):
+    props = {f"p{i}": {"type": "string", "title": f"t{i}"} for i in range(80)}
+    return {"$schema": D4, "type": "object", "properties": props, **schema_extra}
+
+
+def test_deferred_check_uses_the_declared_draft():
+    spec = GrammarSpec.json_schema(_large({"maximum": 3, "exclusiveMaximum": True}))
+    assert spec.deferred_check and spec.payload["$schema"] == D4
+    spec.run_deferred_check()
+    engine_form = json.loads(spec.engine_schema_text())
+    assert "$schema" not in engine_form and engine_form["exclusiveMaximum"] == 3
+    large = _large({})
+    large["properties"]["p0"] = True  # no boolean schemas in draft 4
+    bad = GrammarSpec.json_schema(large)
+    assert bad.deferred_check
+    with pytest.raises(GrammarSpecError, match="invalid JSON schema"):
+        bad.run_deferred_check()
+    # Sent to a compile worker and back: still the declared form, still to be checked.
+    again = GrammarSpec.from_dict(bad.to_dict())
+    with pytest.raises(GrammarSpecError):
+        again.run_deferred_check()
+
+
+def test_unchecked_spec_still_reads_the_declared_draft():
+    spec = GrammarSpec.json_schema({"$schema": D7, "contains": {"minimum": 5}},
+                                   validate=False, strict=True)
+    assert json.loads(spec.engine_schema_text()) == {"contains": {"minimum": 5}}
+
+
+def test_structural_tag_schema_normalised():
+    spec = GrammarSpec.structural_tag(
+        [{"begin": "<f>", "schema": {"$schema": D4, "maximum": 1, "exclusiveMaximum": True},
+          "end": "</f>"}], ["<f>"])
+    assert spec.payload["tags"][0]["schema"] == {"exclusiveMaximum": 1}
+
+
+def test_front_end_imports_no_engine():
+    import subprocess
+    import sys
+
+    code = ("import sys, portable_guided.json_schema.normalise; "
+            "print([m for m in ('xgrammar', 'llguidance', 'torch', 'jsonschema') "
+            "if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
