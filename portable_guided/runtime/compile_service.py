@@ -64,9 +64,9 @@ LOCAL_BELOW_S = 0.1
 #: key before compiling it here too (a held lock must never mean waiting forever).
 LOCK_WAIT_WITHOUT_LIMIT_S = 120.0
 
-#: With a limit, a miss waits for another process's compile of the same key this much past
-#: the limit: the holder's worker is killed at the limit, and then it lets go of the lock.
-LOCK_GRACE_S = 0.5
+#: With a limit, a miss waits for another process's compile of the same key for at most this
+#: share of the time its deadline leaves (then it compiles here with the rest).
+LOCK_WAIT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -91,9 +91,11 @@ class CompiledGrammar:
 class CompileService:
     """Compiles specs in the background for one tokenizer.
 
-    With ``timeout_s`` set, every compile (every engine, and each engine ``auto`` tries) runs
-    in a worker process that is killed at the deadline; with ``timeout_s=None`` compiles run
-    in threads of this process. A worker that dies is an infrastructure fault: it is
+    With ``timeout_s`` set, every compile runs in a worker process that is killed at the
+    deadline, and the deadline counts from :meth:`submit`: the wait for a free worker and
+    every engine ``auto`` tries share one limit (a later engine gets what the earlier ones
+    left; none is tried once it ran out); with ``timeout_s=None`` compiles run in threads
+    of this process. A worker that dies is an infrastructure fault: it is
     replaced and the compile retried once, and its failure is never cached. After
     :meth:`close`, pending compiles fail with :class:`RuntimeClosed` and :meth:`submit`
     refuses new ones.
@@ -192,9 +194,12 @@ class CompileService:
         """``(bytes, entries)`` held by the in-memory cache of compiled grammars."""
         return self._memory.nbytes, len(self._memory)
 
-    def worker_pids(self) -> list[int]:
-        """Process ids of the live compile workers (empty without a time limit)."""
-        return self._pool.pids() if self._pool else []
+    def worker_pids(self, *, busy: bool = False) -> list[int]:
+        """Process ids of the live compile workers (empty without a time limit; ``busy``:
+        only those running a compile, the oldest compile first)."""
+        if self._pool is None:
+            return []
+        return self._pool.busy_pids() if busy else self._pool.pids()
 
     @property
     def closed(self) -> bool:
@@ -251,13 +256,15 @@ class CompileService:
             fut = self._inflight[key] = Future()
             fut.set_running_or_notify_cancel()
         self.metrics.inc("cache_misses")
+        # One deadline per submission, for every engine `auto` tries and every wait.
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         try:
             if self._pool is not None and self._disk is None and not self._race:
                 # The common path: no thread of ours waits; the worker pool's reader
                 # finishes the compile (_Attempt).
-                _Attempt(self, key, spec, fut).start()
+                _Attempt(self, key, spec, fut, deadline).start()
             else:
-                self._threads.submit(self._run, key, spec, fut)
+                self._threads.submit(self._run, key, spec, fut, deadline)
         except (RuntimeError, RuntimeClosed):  # closed between the check above and here
             with self._inflight_lock:
                 self._inflight.pop(key, None)
@@ -265,7 +272,8 @@ class CompileService:
                 from None
         return fut
 
-    def _run(self, key: str, spec: GrammarSpec, fut: Future[CompiledGrammar]) -> None:
+    def _run(self, key: str, spec: GrammarSpec, fut: Future[CompiledGrammar],
+             deadline: float | None = None) -> None:
         errors: list[GrammarCompileError] = []
         result: CompiledGrammar | None = None
         for i, name in enumerate(self.order):
@@ -275,7 +283,7 @@ class CompileService:
             if self._closed:
                 return  # close() resolved the future
             try:
-                result = self._compile_one(name, spec)
+                result = self._compile_one(name, spec, deadline)
                 break
             except RuntimeClosed:
                 return
@@ -307,10 +315,19 @@ class CompileService:
                              else "compile_errors")
             _resolve(fut, error)
 
-    def _compile_one(self, name: str, spec: GrammarSpec) -> CompiledGrammar:
+    def _compile_one(self, name: str, spec: GrammarSpec,
+                     deadline: float | None = None) -> CompiledGrammar:
+        built = time.monotonic()
         engine = self.engine(name)
+        if deadline is not None:
+            # Building this process's engine (once, at start) is not the grammar's time.
+            deadline += time.monotonic() - built
+        if deadline is not None and time.monotonic() >= deadline:
+            raise GrammarTimeout(f"the time limit of {self.timeout_s:g} s (counted from "
+                                 f"submission) ran out before engine {name} could start",
+                                 engine=name)
         if self._disk is None:
-            return self._compile_new(engine, name, spec, None)
+            return self._compile_new(engine, name, spec, None, deadline=deadline)
         disk_key = DiskCache.make_key(
             engine=name, engine_version=engine.version(), runtime=RUNTIME_CACHE_VERSION,
             tokenizer=self.info.fingerprint, spec=spec.key,
@@ -319,30 +336,17 @@ class CompileService:
         if hit is not None:
             return hit
         # A miss: one compile across the processes sharing the directory; the others wait
-        # (the holder's compile is bounded by the same limit, plus a grace for its worker to
-        # be stopped) and then load its entry.
-        wait_s = (self.timeout_s + LOCK_GRACE_S if self.timeout_s is not None
+        # and then load its entry, or compile here when it left none (its compile failed,
+        # or it is still compiling: a compile here then has what the deadline leaves).
+        # With a limit, at most half of what is left goes to waiting: a holder that is stuck
+        # or slower than this limit leaves the other half for a compile here.
+        wait_s = ((deadline - time.monotonic()) * LOCK_WAIT_SHARE if deadline is not None
                   else LOCK_WAIT_WITHOUT_LIMIT_S)
-        waiting_since = time.monotonic()
-        with self._disk.single_flight(disk_key, wait_s) as held:
+        with self._disk.single_flight(disk_key, wait_s):
             hit = self._from_disk(engine, disk_key)
             if hit is not None:
                 return hit
-            left = None
-            if held and self.timeout_s is not None:
-                # The holder left no entry: its compile failed. The wait counts against the
-                # limit, so that a grammar which ran out of it there does not get a second
-                # full one here; with less than a tenth left, a worker is not worth it
-                # (killing it costs a restart). A holder that kept the lock past the wait
-                # (stuck) is not this grammar's fault: then the full limit applies.
-                waited = time.monotonic() - waiting_since
-                left = self.timeout_s - waited
-                if left < self.timeout_s / 10:
-                    raise GrammarTimeout(
-                        f"another process sharing the disk cache held this grammar's "
-                        f"compile for {waited:.2f} s of the {self.timeout_s:g} s time limit "
-                        f"and left no entry", engine=name)
-            return self._compile_new(engine, name, spec, disk_key, timeout_s=left)
+            return self._compile_new(engine, name, spec, disk_key, deadline=deadline)
 
     def _from_disk(self, engine: Engine, disk_key: str) -> CompiledGrammar | None:
         assert self._disk is not None
@@ -361,23 +365,22 @@ class CompileService:
         return CompiledGrammar(engine, grammar, engine.nbytes(grammar), "disk", 0.0)
 
     def _compile_new(self, engine: Engine, name: str, spec: GrammarSpec,
-                     disk_key: str | None, timeout_s: float | None = None) -> CompiledGrammar:
-        """Compile a miss (``timeout_s``: the worker's limit, default the service's)."""
+                     disk_key: str | None, deadline: float | None = None) -> CompiledGrammar:
+        """Compile a miss (``deadline``: when the worker's compile must be done, monotonic;
+        default the service's limit from now)."""
         t0 = time.perf_counter()
         text: str | None = None
         if self._pool is None:
             grammar, source = _compile_here(engine, name, spec), "local"
         elif self._race and self.runaway is None:
-            grammar, source = self._compile_raced(engine, name, spec), "race"
+            grammar, source = self._compile_raced(engine, name, spec, deadline), "race"
         else:
             assert self.timeout_s is not None
             # "auto" with a disk cache too: a fast compile is redone here and serialized
             # here for the disk, outside the limit; serializing in the worker counted
             # against it (a 25 ms compile whose 83 MB took 3.3 s to serialize timed out).
             status, text, worker_s = self._pool.run(
-                name, spec.to_dict(), timeout_s if timeout_s is not None else self.timeout_s,
-                serialize="auto",
-            )
+                name, spec.to_dict(), self.timeout_s, serialize="auto", deadline=deadline)
             t_reply = time.perf_counter()
             _raise_for_status(status, text, name)
             return self._finish_worker_compile(engine, spec, text, t0, t_reply, worker_s,
@@ -414,7 +417,8 @@ class CompileService:
             self._disk.put(disk_key, text)
         return CompiledGrammar(engine, grammar, engine.nbytes(grammar), source, seconds)
 
-    def _compile_raced(self, engine: Engine, name: str, spec: GrammarSpec) -> Any:
+    def _compile_raced(self, engine: Engine, name: str, spec: GrammarSpec,
+                       deadline: float | None = None) -> Any:
         """Compile here and in a worker at once; the first to finish decides (class doc)."""
         assert self._pool is not None and self.timeout_s is not None
         here: Future[Any] = Future()
@@ -428,7 +432,7 @@ class CompileService:
         # A daemon thread: a compile that never ends must not hold up the interpreter's exit.
         threading.Thread(target=compile_here, name="pg-compile-race", daemon=True).start()
         worker = self._race_legs.submit(self._pool.run, name, spec.to_dict(), self.timeout_s,
-                                        "never")
+                                        "never", deadline=deadline)
         self._legs.add(worker)
         worker.add_done_callback(self._legs.discard)
         wait([here, worker], return_when=FIRST_COMPLETED)
@@ -473,11 +477,12 @@ class _Attempt:
     the order in turn, each step run by the pool's reader as the reply comes (the path of
     :meth:`CompileService._run` when there is neither a disk cache nor racing)."""
 
-    __slots__ = ("errors", "fut", "index", "key", "service", "spec", "t0")
+    __slots__ = ("deadline", "errors", "fut", "index", "key", "service", "spec", "t0")
 
     def __init__(self, service: CompileService, key: str, spec: GrammarSpec,
-                 fut: Future[CompiledGrammar]) -> None:
+                 fut: Future[CompiledGrammar], deadline: float | None) -> None:
         self.service, self.key, self.spec, self.fut = service, key, spec, fut
+        self.deadline = deadline
         self.index = 0
         self.errors: list[GrammarCompileError] = []
         self.t0 = 0.0
@@ -495,7 +500,7 @@ class _Attempt:
             log.info("%r: falling back to engine %s", self.spec, self.name)
         self.t0 = time.perf_counter()
         service._pool.submit(self.name, self.spec.to_dict(), service.timeout_s, "auto",
-                             self._on_reply)
+                             self._on_reply, deadline=self.deadline)
 
     def _on_reply(self, outcome: WorkerReply | BaseException) -> None:
         t_reply = time.perf_counter()
@@ -546,7 +551,8 @@ class _Attempt:
         self.errors.append(error)
         (log.warning if isinstance(error, GrammarTimeout) else log.info)(
             "%r did not compile: %s", self.spec, error)
-        if self.index + 1 < len(service.order) and not service.closed:
+        out_of_time = self.deadline is not None and time.monotonic() >= self.deadline
+        if self.index + 1 < len(service.order) and not service.closed and not out_of_time:
             self.index += 1
             try:
                 self.start()

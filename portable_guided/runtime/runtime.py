@@ -297,9 +297,10 @@ class GrammarRuntime:
         out["cache_bytes"], out["cache_entries"] = self._service.cache_usage()
         return out
 
-    def worker_pids(self) -> list[int]:
-        """Process ids of the live compile workers."""
-        return self._service.worker_pids()
+    def worker_pids(self, *, busy: bool = False) -> list[int]:
+        """Process ids of the live compile workers (``busy``: only those running a compile,
+        the oldest compile first)."""
+        return self._service.worker_pids(busy=busy)
 
     def close(self) -> None:
         """Stop the compile workers and threads (also done at garbage collection). Pending

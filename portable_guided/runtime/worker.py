@@ -1,8 +1,10 @@
 """Compile worker processes: the time limit that really stops a compile.
 
 A compile runs in a worker process; the parent waits for the reply until the deadline and
-then kills the worker (SIGKILL), which frees its CPU and memory at once, and starts a
-replacement in the background. The worker sends back the compiled grammar serialized, or,
+then kills the worker (SIGKILL), which frees its CPU and memory at once, and a spare worker
+takes the next compile at once while a replacement starts. Workers are forked from a fork
+server: a fresh interpreter that built the engines once (about 1.5-4 s), so a new worker
+costs a fork (about 10-20 ms) instead of that start. The worker sends back the compiled grammar serialized, or,
 when the compile took less than ``local_below_s`` (cheaper to redo than to serialize and
 ship), only the news that the spec compiles fast, and the parent compiles it itself.
 """
@@ -19,6 +21,8 @@ import math
 import os
 import pickle
 import selectors
+import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -48,11 +52,54 @@ def main() -> None:
     locks come along, and not ``multiprocessing`` spawn, which would re-run the caller's
     main module); it talks to the parent over two pipes.
     """
+    if sys.argv[1] == "--fork-server":
+        _fork_server(int(sys.argv[2]))
+        return
     rfd, wfd = int(sys.argv[1]), int(sys.argv[2])
     _die_with_parent()
     conn = _Duplex(Connection(rfd, writable=False), Connection(wfd, readable=False))
     payloads, local_below_s = conn.recv()
     _serve(conn, payloads, local_below_s)
+
+
+def _fork_server(fd: int) -> None:
+    """Build the engines once, then fork a worker per request (:class:`_ForkServer`).
+
+    Forked while no compile runs, so no engine thread is caught mid-work (the engines'
+    native threads are not copied into a fork; a compile in the child starts its own).
+    Children are reaped by the kernel (``SIGCHLD`` ignored): the pool kills them by pid file
+    descriptor, never waits for them as its own."""
+    _die_with_parent()
+    ctrl = socket.socket(fileno=fd)
+    conn = Connection(os.dup(fd))
+    payloads, local_below_s = conn.recv()
+    engines = _build_engines(payloads)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        if request is None:
+            return
+        ours, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            try:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                ctrl.close()
+                conn.close()
+                ours.close()
+                _die_with_parent()
+                child = Connection(theirs.detach())
+                child.send(("ready", os.getpid()))
+                _serve_engines(child, engines, local_below_s)
+            finally:
+                os._exit(0)
+        theirs.close()
+        socket.send_fds(ctrl, [struct.pack("!i", pid)], [ours.fileno()])
+        ours.close()
 
 
 def _die_with_parent() -> None:
@@ -104,18 +151,27 @@ class _Duplex:
         self._w.close()
 
 
+def _build_engines(payloads: dict[str, Any]) -> dict[str, Any]:
+    from .engines import engine_class
+
+    return {name: engine_class(name).from_payload(payload) for name, payload in payloads.items()}
+
+
 def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
-    from .engines import EmptyLanguage, UnsupportedSpec, compile_checked, engine_class
+    engines = _build_engines(payloads)
+    conn.send(("ready", os.getpid()))
+    _serve_engines(conn, engines, local_below_s)
+
+
+def _serve_engines(conn: Any, engines: dict[str, Any], local_below_s: float) -> None:
+    from .engines import EmptyLanguage, UnsupportedSpec, compile_checked
     from .meta_fast import proves_valid
     from .specs import GrammarSpec
 
-    engines = {name: engine_class(name).from_payload(payload)
-               for name, payload in payloads.items()}
     # Specs whose first compile here took local_below_s or more. The engine's own cache makes
     # a repeat fast here, but not in the parent, which never compiled it (it was shipped):
     # redone there, it would take the full time with no limit. Bounded: oldest forgotten.
     slow: dict[tuple[str, str], None] = {}
-    conn.send(("ready", os.getpid()))
     while True:
         try:
             job = conn.recv()
@@ -177,12 +233,126 @@ class _KeepPrepared:
         return getattr(self._engine, name)
 
 
+class _Forked:
+    """A worker forked by the fork server: not our child, so it is signalled through a pid
+    file descriptor (never another process that reused its pid) and waited for by polling
+    that descriptor (readable once the process has exited)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # no pidfd (old kernel), or it is gone already
+            self._pidfd = None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+
+    def poll(self) -> int | None:
+        """None while it runs; -9 once gone (its real status went to the fork server)."""
+        if self._pidfd is None:
+            try:
+                os.kill(self.pid, 0)
+                return None
+            except OSError:
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+        if _readable(self._pidfd, 0):
+            self.returncode = -signal.SIGKILL
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            if self._pidfd is not None:
+                _readable(self._pidfd, max(0.0, deadline - time.monotonic()))
+            else:
+                time.sleep(0.01)
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = None
+        return -signal.SIGKILL
+
+
+def _readable(fd: int, timeout: float) -> bool:
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        return bool(sel.select(timeout))
+
+
+class _ForkServer:
+    """The process workers are forked from (:func:`_fork_server`): started once per pool,
+    again only if it died."""
+
+    def __init__(self, spec: dict[str, Any], local_below_s: float, timeout_s: float) -> None:
+        ours, theirs = socket.socketpair()
+        entry = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker_entry.py")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, entry, "--fork-server", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+            )
+        finally:
+            theirs.close()
+        self._sock = ours
+        self._conn = Connection(os.dup(ours.fileno()))
+        self._lock = threading.Lock()
+        try:
+            self._conn.send((spec, local_below_s))
+            if not self._conn.poll(timeout_s):
+                raise RuntimeError(f"compile fork server did not start in {timeout_s} s")
+            self._conn.recv()
+        except BaseException:
+            self.close()
+            raise
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fork(self, timeout_s: float) -> _Worker:
+        """A new worker, ready for jobs."""
+        with self._lock:
+            self._conn.send("fork")
+            if not _readable(self._sock.fileno(), timeout_s):
+                raise RuntimeError(f"compile fork server did not fork in {timeout_s} s")
+            msg, fds, _, _ = socket.recv_fds(self._sock, 16, 1)
+        if len(msg) != 4 or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError("compile fork server closed its connection")
+        (pid,) = struct.unpack("!i", msg)
+        worker = _Worker(_Forked(pid), Connection(fds[0]))
+        if not worker.conn.poll(timeout_s):
+            worker.kill()
+            raise RuntimeError(f"forked compile worker {pid} did not start in {timeout_s} s")
+        worker.conn.recv()
+        return worker
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        self._conn.close()
+        self._sock.close()
+
+
 class _Worker:
-    __slots__ = ("conn", "proc", "send_lock")
+    __slots__ = ("conn", "niced", "proc", "send_lock")
 
     def __init__(self, proc: Any, conn: Any) -> None:
         self.proc = proc
         self.conn = conn
+        #: Its priority was lowered (a long compile): retired after that job.
+        self.niced = False
         # Held while a job is written: the pipe is closed only once no write is in flight
         # (its descriptor number could otherwise be reused by a new pipe mid-write).
         self.send_lock = threading.Lock()
@@ -221,11 +391,11 @@ def _start_worker() -> _Worker:
 class _Job:
     """One compile handed to the pool: waiting for a worker, then running in one."""
 
-    __slots__ = ("attempt", "deadline", "done", "engine", "job_id", "payload", "queued_at",
-                 "started_at", "timeout_s")
+    __slots__ = ("attempt", "before_ready", "deadline", "done", "engine", "job_id", "payload",
+                 "queued_at", "started_at", "timeout_s")
 
     def __init__(self, job_id: int, engine: str, payload: bytes, timeout_s: float,
-                 done: Callable[[WorkerReply | BaseException], None]) -> None:
+                 done: Callable[[WorkerReply | BaseException], None], deadline: float) -> None:
         self.job_id = job_id
         self.engine = engine
         self.payload = payload
@@ -234,11 +404,22 @@ class _Job:
         self.attempt = 1
         self.queued_at = time.monotonic()
         self.started_at = math.inf
-        self.deadline = math.inf
+        #: When the job must have resolved (monotonic), waiting for a worker included.
+        self.deadline = deadline
+        #: Submitted before the pool's first worker was ready: that wait does not count.
+        self.before_ready = False
 
 
 class WorkerPool:
-    """A fixed number of compile worker processes, each able to run every engine.
+    """Compile worker processes, each able to run every engine.
+
+    Scheduling (docs/runtime.md, "Latency model"): at most ``size`` compiles run at normal
+    priority; one that has run ``long_after_s`` while others wait moves to the long lane
+    (its process's priority lowered, at most ``max_long`` such compiles), so a pathological
+    spec holds a slot for ``long_after_s``, not for its whole limit; waiting jobs go smallest
+    first (their size halving every :data:`_AGING_S` of waiting, so none starves);
+    ``spares`` idle workers are kept ready beyond those, so a compile after a kill starts
+    at once. Workers are forked from a fork server (module doc) where ``fork`` exists.
 
     ``engines_spec`` is a callable returning ``{engine name: tokenizer payload}`` (the
     payload from ``engine_class(name).tokenizer_payload(info)``); it is called once, in a
@@ -261,10 +442,23 @@ class WorkerPool:
         local_below_s: float = 0.1,
         start_timeout_s: float = 120.0,
         on_kill: Callable[[], None] | None = None,
+        spares: int = 1,
+        long_after_s: float = 0.1,
+        max_long: int = 8,
+        fork_server: bool | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"compile worker pool size must be >= 1, got {size}")
+        if spares < 0 or max_long < 0 or not long_after_s > 0:
+            raise ValueError(f"spares and max_long must be >= 0 and long_after_s > 0, got "
+                             f"{spares}, {max_long}, {long_after_s}")
         self.size = size
+        self.spares = spares
+        self.long_after_s = long_after_s
+        self.max_long = max_long
+        self._use_fork_server = (hasattr(os, "fork") and hasattr(socket, "send_fds")
+                                 if fork_server is None else fork_server)
+        self._server: _ForkServer | None = None
         self._spec_fn = engines_spec
         self._spec: dict[str, Any] | None = None
         self._spec_lock = threading.Lock()
@@ -286,6 +480,8 @@ class WorkerPool:
         # Writes of large jobs (rare); its thread starts at the first one.
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="pg-compile-send")
         self.start_error: BaseException | None = None
+        #: When the first worker became ready (monotonic), None before.
+        self.ready_at: float | None = None
         #: When the reader's wait ends at the latest (monotonic): a job due earlier wakes it.
         self._wake_at = math.inf
         self._wake_r, self._wake_w = os.pipe()
@@ -296,7 +492,7 @@ class WorkerPool:
         self._reader = threading.Thread(target=self._read_loop, name="pg-compile-reader",
                                         daemon=True)
         self._reader.start()
-        for _ in range(size):
+        for _ in range(size + spares):
             self._spawn_async()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -313,7 +509,9 @@ class WorkerPool:
         """Start the workers the pool lacks (a start that failed, a replacement that did
         not come up), at most once per :data:`_RESPAWN_BACKOFF_S` after a failure."""
         with self._lock:
-            missing = self.size - len(self._all) - self._starting
+            # Long-lane workers are extra: retired when their compile ends.
+            regular = len(self._all) - sum(w.niced for w in self._all)
+            missing = self.size + self.spares - regular - self._starting
             if self._closed or missing <= 0 or time.monotonic() < self._respawn_at:
                 return
         for _ in range(missing):
@@ -328,15 +526,7 @@ class WorkerPool:
 
     def _start_one(self) -> None:
         try:
-            with self._spec_lock:
-                if self._spec is None:
-                    self._spec = self._spec_fn()
-            worker = _start_worker()
-            worker.conn.send((self._spec, self._local_below_s))
-            if not worker.conn.poll(self._start_timeout_s):
-                worker.kill()
-                raise RuntimeError(f"compile worker did not start in {self._start_timeout_s} s")
-            worker.conn.recv()
+            worker = self._new_worker()
         except BaseException as exc:  # noqa: BLE001 - reported by run() to the waiting compile
             log.error("compile worker failed to start: %s (trying again in %g s)", exc,
                       _RESPAWN_BACKOFF_S)
@@ -351,7 +541,40 @@ class WorkerPool:
                 return
             self._all.add(worker)
             self._started.append(worker)
+            if self.ready_at is None:
+                # The pool's start is not the grammar's time: a job that waited for it
+                # gets its whole limit from now.
+                self.ready_at = now = time.monotonic()
+                for job in self._waiting:
+                    if job.before_ready:
+                        job.deadline += now - job.queued_at
         self._wake()
+
+    def _new_worker(self) -> _Worker:
+        """A worker ready for jobs: forked from the fork server (started first if it is not
+        running), or a fresh interpreter where there is none."""
+        with self._spec_lock:
+            if self._spec is None:
+                self._spec = self._spec_fn()
+            server = None
+            if self._use_fork_server:
+                if self._server is None or not self._server.alive():
+                    if self._server is not None:
+                        self._server.close()
+                        log.warning("compile fork server died; starting another")
+                    self._server = None
+                    self._server = _start_fork_server(self._spec, self._local_below_s,
+                                                      self._start_timeout_s)
+                server = self._server
+        if server is not None:
+            return server.fork(self._start_timeout_s)
+        worker = _start_worker()
+        worker.conn.send((self._spec, self._local_below_s))
+        if not worker.conn.poll(self._start_timeout_s):
+            worker.kill()
+            raise RuntimeError(f"compile worker did not start in {self._start_timeout_s} s")
+        worker.conn.recv()
+        return worker
 
     def close(self) -> None:
         """Stop every worker (idle or busy); compiles waiting for a worker or running in one
@@ -370,6 +593,10 @@ class WorkerPool:
             self._all.clear()
         for w in workers:
             w.kill()
+        with self._spec_lock:
+            if self._server is not None:
+                self._server.close()
+                self._server = None
         if threading.current_thread() is not self._reader:
             self._reader.join(timeout=10)
         self._sender.shutdown(wait=False)
@@ -379,11 +606,20 @@ class WorkerPool:
         with self._lock:
             return [w.proc.pid for w in self._all]
 
+    def busy_pids(self) -> list[int]:
+        """Process ids of the workers running a compile, oldest job first."""
+        with self._lock:
+            return [w.proc.pid for w, _ in sorted(self._busy.items(),
+                                                   key=lambda item: item[1].started_at)]
+
     # -- running ---------------------------------------------------------------------------
     def submit(self, engine: str, spec_dict: dict[str, Any], timeout_s: float,
-               serialize: str, done: Callable[[WorkerReply | BaseException], None]) -> None:
+               serialize: str, done: Callable[[WorkerReply | BaseException], None],
+               *, deadline: float | None = None) -> None:
         """Compile in a worker; ``done`` gets the reply, or the error: :class:`GrammarTimeout`
-        (the worker was killed: no reply within ``timeout_s`` of handing the job over),
+        (no reply by ``deadline``, a ``time.monotonic()`` instant, default ``timeout_s``
+        from now: the time spent waiting for a worker counts; a job still waiting at its
+        deadline never starts, a running one has its worker killed),
         :class:`CompileWorkerLost` (also when no worker could be started within
         ``start_timeout_s``; a failed start is retried), or :class:`RuntimeClosed`. Never
         blocks; ``done`` runs in the pool's reader thread (or in this one, for an error
@@ -400,20 +636,24 @@ class WorkerPool:
             raise ValueError(f"serialize must be 'auto', 'always' or 'never', got {serialize!r}")
         job_id = next(self._ids)
         payload = _dumps((job_id, engine, spec_dict, serialize))
-        job = _Job(job_id, engine, payload, timeout_s, done)
+        job = _Job(job_id, engine, payload, timeout_s, done,
+                   time.monotonic() + timeout_s if deadline is None else deadline)
         with self._lock:
             if self._closed:
                 raise RuntimeClosed("the compile workers were stopped (runtime closed)")
+            job.before_ready = self.ready_at is None
             self._waiting.append(job)
             assigned = self._assign()
-            wake = job.deadline < self._wake_at or (not self._all and not assigned)
+            # Not started: the reader must wake for its deadline, or to move a running
+            # compile to the long lane.
+            wake = job.deadline < self._wake_at or not assigned
         self._send_all(assigned)
         self._top_up()
         if wake:
             self._wake()
 
     def run(self, engine: str, spec_dict: dict[str, Any], timeout_s: float,
-            serialize: str = "auto") -> WorkerReply:
+            serialize: str = "auto", *, deadline: float | None = None) -> WorkerReply:
         """:meth:`submit` and wait: the reply, or its error raised."""
         outcome: Future[WorkerReply] = Future()
 
@@ -423,7 +663,7 @@ class WorkerPool:
             else:
                 outcome.set_result(reply)
 
-        self.submit(engine, spec_dict, timeout_s, serialize, done)
+        self.submit(engine, spec_dict, timeout_s, serialize, done, deadline=deadline)
         return outcome.result()
 
     # -- the reader thread -----------------------------------------------------------------
@@ -432,15 +672,38 @@ class WorkerPool:
             os.write(self._wake_w, b"\0")
 
     def _assign(self) -> list[tuple[_Worker, _Job]]:
-        """Idle workers take waiting jobs (oldest first); caller holds the lock."""
+        """Idle workers take waiting jobs while fewer than ``size`` run at normal priority
+        (smallest aged job first: :func:`_rank`); caller holds the lock."""
         pairs = []
         now = time.monotonic()
-        while self._idle and self._waiting:
-            worker, job = self._idle.pop(), self._waiting.popleft()
-            job.started_at, job.deadline = now, now + job.timeout_s
+        young = sum(not w.niced for w in self._busy)
+        while self._idle and self._waiting and young < self.size:
+            job = min(self._waiting, key=lambda j: _rank(j, now))
+            self._waiting.remove(job)
+            worker = self._idle.pop()
+            job.started_at = now
             self._busy[worker] = job
             pairs.append((worker, job))
+            young += 1
         return pairs
+
+    def _promote(self) -> list[tuple[_Worker, _Job]]:
+        """Move compiles that ran ``long_after_s`` while others wait to the long lane (their
+        worker's priority lowered); the jobs that then start."""
+        now = time.monotonic()
+        with self._lock:
+            if not self._waiting:
+                return []
+            lane = sum(w.niced for w in self._busy)
+            for worker, job in sorted(self._busy.items(), key=lambda item: item[1].started_at):
+                if lane >= self.max_long:
+                    break
+                if not worker.niced and now - job.started_at >= self.long_after_s:
+                    worker.niced = True
+                    lane += 1
+                    with contextlib.suppress(OSError):  # gone: the reader sees it next
+                        os.setpriority(os.PRIO_PROCESS, worker.proc.pid, _LONG_NICE)
+            return self._assign()
 
     def _send_all(self, pairs: list[tuple[_Worker, _Job]]) -> None:
         for worker, job in pairs:
@@ -497,10 +760,14 @@ class WorkerPool:
         the wait ends."""
         now = time.monotonic()
         with self._lock:
-            due = min((job.deadline for job in self._busy.values()),
+            due = min((job.deadline for job in (*self._busy.values(), *self._waiting)
+                       if not job.before_ready or self.ready_at is not None),
                       default=now + _READER_TICK_S)
             if not self._all and self._waiting:  # no worker: a start may have failed
                 due = min(due, self._waiting[0].queued_at + self._start_timeout_s)
+            if self._waiting:  # a running compile may move to the long lane
+                due = min([due, *(job.started_at + self.long_after_s
+                                  for w, job in self._busy.items() if not w.niced)])
             self._wake_at = due = min(due, now + _READER_TICK_S)
         return max(0.0, due - now)
 
@@ -527,11 +794,18 @@ class WorkerPool:
                 f"worker replied to job {reply_id}, expected "
                 f"{job.job_id if job is not None else 'none'}"))
             return
-        self._release(worker)  # the next compile starts before this reply is handled
+        if worker.niced:  # its priority cannot be raised again: a fresh worker replaces it
+            self._retire(worker, replace=False)
+            with self._lock:
+                assigned = self._assign()
+            self._send_all(assigned)
+        else:
+            self._release(worker)  # the next compile starts before this reply is handled
         _deliver(job, reply)
 
-    def _retire(self, worker: _Worker) -> _Job | None:
-        """Stop watching ``worker``, kill it, start a replacement; its job, if any."""
+    def _retire(self, worker: _Worker, replace: bool = True) -> _Job | None:
+        """Stop watching ``worker``, kill it, start the workers the pool lacks; its job,
+        if any."""
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._selector.unregister(worker.conn.fileno())
         with self._lock:
@@ -540,7 +814,8 @@ class WorkerPool:
             if worker in self._idle:
                 self._idle.remove(worker)
         worker.kill()
-        self._spawn_async()
+        if replace:
+            self._top_up()
         return job
 
     def _lost(self, worker: _Worker, exc: BaseException) -> None:
@@ -562,7 +837,7 @@ class WorkerPool:
             return
         log.warning("%s; retrying the compile on a new worker", lost)
         job.attempt += 1
-        job.queued_at, job.deadline = time.monotonic(), math.inf
+        job.queued_at = time.monotonic()  # the deadline stays: it counts from submission
         with self._lock:
             self._waiting.appendleft(job)
             assigned = self._assign()
@@ -570,11 +845,17 @@ class WorkerPool:
 
     def _expire(self) -> None:
         """Kill the workers whose job is past its deadline; fail jobs with no worker to
-        run them; start the workers the pool lacks."""
+        run them; move long compiles aside; start the workers the pool lacks."""
+        self._send_all(self._promote())
         self._top_up()
         now = time.monotonic()
         with self._lock:
             late = [w for w, job in self._busy.items() if job.deadline <= now]
+            # Jobs whose whole limit went by in the queue never start.
+            expired = [job for job in self._waiting if job.deadline <= now
+                       and (self.ready_at is not None or not job.before_ready)]
+            for job in expired:
+                self._waiting.remove(job)
             stranded: list[_Job] = []
             if not self._all:
                 while self._waiting and (self._waiting[0].queued_at + self._start_timeout_s
@@ -587,8 +868,13 @@ class WorkerPool:
             if self._on_kill is not None:
                 self._on_kill()
             _deliver(job, GrammarTimeout(
-                f"compile exceeded its time limit of {job.timeout_s:g} s; worker killed after "
-                f"{time.monotonic() - job.started_at:.2f} s", engine=job.engine))
+                f"compile exceeded its time limit of {job.timeout_s:g} s (counted from "
+                f"submission); worker killed after {now - job.started_at:.2f} s of compiling, "
+                f"{job.started_at - job.queued_at:.2f} s after waiting", engine=job.engine))
+        for job in expired:
+            _deliver(job, GrammarTimeout(
+                f"compile waited its whole time limit of {job.timeout_s:g} s for a free "
+                f"compile worker and never started", engine=job.engine))
         for job in stranded:  # an infrastructure fault: CompileWorkerLost is never cached
             _deliver(job, CompileWorkerLost(
                 f"no compile worker became available in {self._start_timeout_s} s"
@@ -607,6 +893,25 @@ class WorkerPool:
 #: Slow specs a worker remembers, so that a repeat it answers from its engine's cache is
 #: still shipped (:func:`_serve`).
 _SLOW_SPECS_KEPT = 4096
+
+#: The niceness of a worker whose compile moved to the long lane: the kernel then gives
+#: normal-priority compiles about ten times its CPU share.
+_LONG_NICE = 10
+
+#: A waiting job's size (what ranks it) halves every this many seconds of waiting.
+_AGING_S = 0.5
+
+
+def _rank(job: _Job, now: float) -> float:
+    """Smallest first: the bigger the spec the longer its compile tends to take; aged, so a
+    big spec waits a bounded time."""
+    return len(job.payload) * 0.5 ** ((now - job.queued_at) / _AGING_S)
+
+
+def _start_fork_server(spec: dict[str, Any], local_below_s: float,
+                       timeout_s: float) -> _ForkServer:
+    return _ForkServer(spec, local_below_s, timeout_s)
+
 
 #: After a worker failed to start, the pool tries again at most this often.
 _RESPAWN_BACKOFF_S = 1.0

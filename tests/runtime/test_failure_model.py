@@ -82,14 +82,15 @@ def wait_busy(pid: int, timeout_s: float = 60.0) -> None:
     raise AssertionError(f"worker {pid} never got busy")
 
 
-def live_worker(rt: GrammarRuntime, timeout_s: float = 120.0) -> int:
+def live_worker(rt: GrammarRuntime, timeout_s: float = 120.0, *, busy: bool = True) -> int:
+    """A compile worker's pid: the one running the oldest compile (``busy``), or any."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        pids = rt.worker_pids()
+        pids = rt.worker_pids(busy=busy)
         if pids:
             return pids[0]
-        time.sleep(0.05)
-    raise AssertionError("no compile worker started")
+        time.sleep(0.01)
+    raise AssertionError("no compile worker " + ("got busy" if busy else "started"))
 
 
 # -- memory safety and wrong results --------------------------------------------------------
@@ -291,7 +292,7 @@ def test_dead_idle_worker_is_replaced(info):
     """F8: after the idle worker was killed, the next compile failed (BrokenPipeError)."""
     with GrammarRuntime(info, "xgrammar", compile_timeout_s=30) as rt:
         assert not rt.new_request(GrammarSpec.regex("a+")).wait(120).failed
-        pid = live_worker(rt)
+        pid = live_worker(rt, busy=False)
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while not process_gone(pid) and time.monotonic() < deadline:
@@ -306,19 +307,19 @@ def test_a_worker_that_failed_to_start_is_started_again(info, monkeypatch):
     no worker for good: every later compile waited start_timeout_s and failed."""
     from portable_guided.runtime import worker as worker_module
 
-    real_start = worker_module._start_worker
+    real_start = worker_module.WorkerPool._new_worker
     failures = []
 
-    def start_failing_once():
+    def start_failing_once(pool):
         if not failures:
             failures.append(1)
             raise OSError(errno.EAGAIN, "Resource temporarily unavailable (simulated)")
-        return real_start()
+        return real_start(pool)
 
     with GrammarRuntime(info, "xgrammar", compile_timeout_s=30) as rt:
         assert not rt.new_request(GrammarSpec.regex("a+")).wait(120).failed
-        monkeypatch.setattr(worker_module, "_start_worker", start_failing_once)
-        pid = live_worker(rt)
+        monkeypatch.setattr(worker_module.WorkerPool, "_new_worker", start_failing_once)
+        pid = live_worker(rt, busy=False)
         os.kill(pid, signal.SIGKILL)
         req = rt.new_request(GrammarSpec.regex("[a-z]+y")).wait(120)
         assert failures == [1]  # the replacement's start did fail once
@@ -391,15 +392,15 @@ def test_held_cache_lock_delays_but_never_blocks(info, tmp_path):
             t0 = time.monotonic()
             req = rt.new_request(spec).wait(30)
             waited = time.monotonic() - t0
+        # Half the limit goes to waiting, the other half to a compile here: within it.
         assert not req.failed, req.error
-        assert 1.0 <= waited < 10, waited
+        assert 0.5 <= waited < 1.25 * 1.0 + 0.2, waited
 
 
-def test_a_compile_another_process_left_unfinished_gets_only_the_rest_of_the_limit(info,
-                                                                                 tmp_path):
-    """Another process held the key's lock for most of the limit and left no entry (its
-    compile ran out of time): the miss here does not start a second full compile; it fails
-    at about the limit, without a worker killed."""
+def test_a_compile_another_process_holds_gets_what_the_deadline_leaves(info, tmp_path):
+    """Another process holds the key's lock for most of the limit and leaves no entry: the
+    miss here waits at most half the limit, then compiles here with the rest, and resolves
+    within the limit counted from submission (before: a second full limit)."""
     import fcntl
     import threading
 
@@ -417,10 +418,12 @@ def test_a_compile_another_process_left_unfinished_gets_only_the_rest_of_the_lim
         fcntl.flock(held, fcntl.LOCK_EX)
         release = threading.Timer(0.95 * limit, held.close)
         release.start()
+        t0 = time.monotonic()
         req = rt.new_request(spec).wait(30)
+        resolved = time.monotonic() - t0
         release.join()
-        assert req.failed and isinstance(req.error, GrammarTimeout), req.error
-        assert "another process sharing the disk cache" in str(req.error)
+        assert not req.failed, req.error
+        assert 0.5 * limit <= resolved <= 1.25 * limit + 0.2, resolved
         assert rt.metrics().get("workers_killed", 0) == 0
 
 
@@ -435,8 +438,13 @@ def test_close_resolves_pending_requests_and_refuses_new_ones(info):
     wait_busy(live_worker(rt))
     t0 = time.monotonic()
     rt.close()
+    # The small ones may have compiled beside the slow one (moved to the long lane); none
+    # is left pending, and the slow one fails as closed.
     for req in pending:
-        assert req.wait(5).failed and isinstance(req.error, RuntimeClosed), req.error
+        req.wait(5)
+        assert req.ready and (not req.failed or isinstance(req.error, RuntimeClosed)), \
+            req.error
+    assert isinstance(pending[0].error, RuntimeClosed), pending[0].error
     assert time.monotonic() - t0 < 5
     with pytest.raises(RuntimeClosed, match="closed"):
         rt.new_request(slow)
