@@ -17,8 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..runtime.errors import GrammarSpecError
-
 __all__ = ["DIALECTS", "KEYWORDS", "LATEST", "Dialect", "dialect_of", "dialect_named", "form"]
 
 
@@ -68,7 +66,8 @@ def _same(form_: str, drafts: tuple[str, ...] = _ALL) -> dict[str, str]:
 #: bounds, read with ``maximum``/``minimum``), ``id`` / ``anchor`` / ``ref`` /
 #: ``recursive_ref`` / ``recursive_anchor`` / ``dynamic_ref`` / ``dynamic_anchor`` (URI
 #: keywords), ``data`` (a JSON value that is data, never a schema), ``value`` (a number,
-#: string, bool or list of them, nothing to walk), ``annotation`` (asserts nothing).
+#: string, bool or list of them, nothing to walk), ``annotation`` (asserts nothing),
+#: ``content`` (draft 7's ``contentMediaType``/``contentEncoding``: validators may assert them).
 KEYWORDS: dict[str, dict[str, str]] = {
     # Core.
     "$schema": _same("value"),
@@ -96,7 +95,9 @@ KEYWORDS: dict[str, dict[str, str]] = {
     "patternProperties": _same("schema_map"),
     "additionalProperties": _same("schema"),
     "propertyNames": _same("schema", _FROM6),
-    "dependencies": {_D4: "schema_or_names", _D6: "schema_or_names", _D7: "schema_or_names"},
+    # 2019-09 split it in two, and lets implementations still read it (the Test Suite's
+    # optional tests do): read there too, the stricter of the two readings.
+    "dependencies": _same("schema_or_names", _ALL[:4]),
     "dependentSchemas": _same("schema_map", _FROM19),
     "dependentRequired": _same("value", _FROM19),
     "items": {**_same("schema_or_list", _ALL[:4]), _D20: "schema"},
@@ -135,8 +136,10 @@ KEYWORDS: dict[str, dict[str, str]] = {
     "readOnly": _same("annotation", _FROM7),
     "writeOnly": _same("annotation", _FROM7),
     "deprecated": _same("annotation", _FROM19),
-    "contentEncoding": _same("annotation", _FROM7),
-    "contentMediaType": _same("annotation", _FROM7),
+    # Draft 7 lets validators assert these (the Test Suite's optional tests do); later
+    # drafts make them annotations.
+    "contentEncoding": {_D7: "content", **_same("annotation", _FROM19)},
+    "contentMediaType": {_D7: "content", **_same("annotation", _FROM19)},
 }
 
 
@@ -169,6 +172,8 @@ def dialect_named(uri: Any) -> Dialect:
         found = _BY_URI.get(_uri_key(uri))
         if found is not None:
             return found
+    from ..runtime.errors import GrammarSpecError  # here: the runtime imports this module
+
     known = ", ".join(d.uri for d in DIALECTS)
     raise GrammarSpecError(f"$schema {uri!r:.200} names no supported JSON Schema dialect "
                            f"(supported: {known})", pointer="/$schema")

@@ -29,7 +29,6 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from ..runtime.errors import GrammarSpecError
 from .dialects import KEYWORDS, LATEST, Dialect, dialect_named, form
 
 __all__ = ["normalise"]
@@ -56,6 +55,8 @@ def normalise(schema: Any, dialect: Dialect) -> Any:
     """
     if dialect is LATEST:
         return schema
+    from ..runtime.errors import GrammarSpecError
+
     walk = _Walk(dialect)
     try:
         out = walk.node(schema, (), (), _LOCAL_BASE)
@@ -63,8 +64,16 @@ def normalise(schema: Any, dialect: Dialect) -> Any:
     except GrammarSpecError:
         raise
     except ValueError as exc:  # e.g. an $id urllib cannot parse
-        raise GrammarSpecError(f"schema not readable under {dialect.uri}: {exc}") from None
+        raise _error(f"schema not readable under {dialect.uri}: {exc}", "/") from None
     return out
+
+
+def _error(message: str, pointer: str) -> Exception:
+    """A :class:`~portable_guided.runtime.errors.GrammarSpecError` (imported here: the
+    runtime imports this module)."""
+    from ..runtime.errors import GrammarSpecError
+
+    return GrammarSpecError(message, pointer=pointer)
 
 
 def _pointer(path: Path) -> str:
@@ -88,9 +97,11 @@ class _Walk:
         #: Resources whose root has ``$recursiveAnchor: true`` (2019-09).
         self.anchored: set[str] = set()
         self.keys_seen: set[str] = set()
+        #: (output node, schema to add to its allOf) once the node is written.
+        self.extra_branches: list[tuple[dict[str, Any], dict[str, Any]]] = []
 
-    def fail(self, path: Path, message: str) -> GrammarSpecError:
-        return GrammarSpecError(f"{message} (under {self.d.uri})", pointer=_pointer(path) or "/")
+    def fail(self, path: Path, message: str) -> Exception:
+        return _error(f"{message} (under {self.d.uri})", _pointer(path) or "/")
 
     # -- the walk ----------------------------------------------------------------------------
     def node(self, schema: Any, old: Path, new: Path, base: str) -> Any:
@@ -117,6 +128,10 @@ class _Walk:
                     self.anchored.add(base)
             else:
                 self._keyword(key, value, schema, old, new, base, out)
+        while self.extra_branches and self.extra_branches[-1][0] is out:
+            branches = out.get("allOf")
+            out["allOf"] = [*(branches if isinstance(branches, list) else ()),
+                            self.extra_branches.pop()[1]]
         return out
 
     def _base(self, schema: Mapping[str, Any], old: Path, new: Path, base: str,
@@ -174,7 +189,10 @@ class _Walk:
         elif kind == "schemas":
             out[key] = self._list(value, here, new + (key,), base)
         elif kind == "schema_or_names":
-            self._dependencies(value, here, new, base, out)
+            self._dependencies(value, schema, here, new, base, out)
+        elif kind == "content":
+            # Draft 7 lets a validator assert them; the engines cannot: refused, not ignored.
+            raise self.fail(here, f"{key} (which draft 7 may assert) is not supported")
         elif kind == "boolean":
             self._exclusive(key, value, schema, here, out)
         elif key in ("maximum", "minimum") and self.d.rank == 0:
@@ -215,10 +233,19 @@ class _Walk:
             out["items"] = self.node(schema["additionalItems"], old + ("additionalItems",),
                                      new + ("items",), base)
 
-    def _dependencies(self, deps: Any, old: Path, new: Path, base: str,
-                      out: dict[str, Any]) -> None:
+    def _dependencies(self, deps: Any, schema: Mapping[str, Any], old: Path, new: Path,
+                      base: str, out: dict[str, Any]) -> None:
         if not isinstance(deps, Mapping):
             raise self.fail(old, f"dependencies must be an object, got {type(deps).__name__}")
+        target = out
+        if "dependentRequired" in schema or "dependentSchemas" in schema:
+            # (2019-09) beside its successors: one more allOf branch, so neither overwrites
+            # the other.
+            branches = schema.get("allOf")
+            index = len(branches) if isinstance(branches, list) else 0
+            target = {}
+            new = new + ("allOf", str(index))
+            self.extra_branches.append((out, target))
         required: dict[str, Any] = {}
         schemas: dict[str, Any] = {}
         for name, dep in deps.items():
@@ -229,9 +256,9 @@ class _Walk:
                 schemas[name] = self.node(dep, old + (name,),
                                           new + ("dependentSchemas", name), base)
         if required:
-            out["dependentRequired"] = required
+            target["dependentRequired"] = required
         if schemas:
-            out["dependentSchemas"] = schemas
+            target["dependentSchemas"] = schemas
 
     def _exclusive(self, key: str, value: Any, schema: Mapping[str, Any], here: Path,
                    out: dict[str, Any]) -> None:
@@ -249,8 +276,7 @@ class _Walk:
         has no ``$recursiveAnchor: true`` the plain ``$ref: "#"`` it is in 2019-09."""
         if self.d.rank == 3 and {"contains", "unevaluatedItems"} <= self.keys_seen:
             # 2019-09 does not count the items `contains` matched as evaluated; 2020-12 does.
-            raise GrammarSpecError(f"unevaluatedItems beside contains is not supported under "
-                                   f"{self.d.uri}", pointer="/")
+            raise self.fail((), "unevaluatedItems beside contains is not supported")
         for node, old, base in self.refs:
             self._fix_ref(node, old, base)
         for node, old, base in self.recursive_refs:
