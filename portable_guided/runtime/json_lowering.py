@@ -18,7 +18,9 @@ refuse. The rewrites:
 - ``not`` of simple forms, ``if``/``then``/``else``, ``dependentRequired`` and
   ``dependentSchemas`` become ``anyOf``; ``unevaluatedProperties``/``unevaluatedItems`` become
   ``additionalProperties``/``items`` where no applicator remains beside them;
-- keywords of one instance type on a schema without ``type`` are split per type.
+- keywords of one instance type on a schema without ``type`` are split per type;
+- a standard ``format`` becomes the ``pattern`` of our language for it
+  (``json_schema.formats``: exact, or a sound subset where the schema is not negated).
 
 :func:`unsound` lists what neither engine reads as JSON Schema does (``oneOf`` whose branches
 may overlap, read as ``anyOf``; ``$dynamicRef``; unresolved non-pointer ``$ref``);
@@ -35,6 +37,8 @@ import math
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+
+from ..json_schema.formats import FORMATS
 
 __all__ = ["engine_schema_text", "lower", "refuse_unsatisfiable", "unsound", "value_types",
            "xgrammar_escapes"]
@@ -74,14 +78,9 @@ _IN_PLACE = frozenset(("allOf", "anyOf", "oneOf", "not", "if", "then", "else",
 _DEFAULT_BASE = "https://portable-guided.invalid/root.json"
 #: The formats JSON Schema 2020-12 defines. Others are custom: annotations that an
 #: implementation which does not know them must not validate (section 7.2.3), so they are
-#: dropped; the standard ones are enforced, or refused where no engine can.
-STANDARD_FORMATS = frozenset((
-    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname",
-    "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template",
-    "json-pointer", "relative-json-pointer", "regex"))
-#: Formats whose ASCII form accepts a subset of their values.
-_ASCII_FORMAT = {"idn-email": "email", "idn-hostname": "hostname", "iri": "uri",
-                 "iri-reference": "uri-reference"}
+#: dropped; the standard ones become the pattern of their language (``json_schema.formats``),
+#: or are refused.
+STANDARD_FORMATS = frozenset(FORMATS)
 #: Largest number of branches a distribution of anyOf/oneOf may produce.
 MAX_BRANCHES = 16
 
@@ -259,7 +258,7 @@ _ROLES = {k: r for k in {*_KEYWORDS, *_COUNTS} if (r := _role(k))}
 
 def _needs_lowering(schema: Mapping[str, Any]) -> bool:
     """Whether :func:`lower` can change ``schema``: a keyword some rewrite acts on, a count
-    written as a float, a ``true``/``{}`` subschema, a format with an ASCII form or none,
+    written as a float, a ``true``/``{}`` subschema, a format (a pattern takes its place),
     values beside other keywords, a required property that is ``false``, or keywords of one
     instance type without ``type`` (split per type). One look at each keyword of each
     subschema (most schemas: nothing to rewrite, every subschema looked at)."""
@@ -293,9 +292,8 @@ def _needs_lowering(schema: Mapping[str, Any]) -> bool:
             elif role & _SUB_LIST:
                 if isinstance(value, list):
                     stack.extend(value)
-            elif role & _FORMAT and (value in _ASCII_FORMAT or value == "date" or (
-                    isinstance(value, str) and value not in STANDARD_FORMATS)):
-                return True
+            elif role & _FORMAT and isinstance(value, str):
+                return True  # a standard format becomes a pattern, a custom one goes
         if seen & _FAMILY_KEY and not seen & _TYPED:
             return True
         if ("enum" in node or "const" in node) and (
@@ -592,12 +590,9 @@ class _Lowerer:
         return _map_bottom_up(root, self._finish)
 
     def _finish(self, s: dict[str, Any]) -> Any:
-        if s.get("format") != "date" and ("type" in s or s.keys().isdisjoint(_FAMILY)):
-            return s  # (most schemas: neither step applies)
-        out = self._split_types(s)
-        if out is not s:  # the per-type branches are new: dates among them too
-            out["anyOf"] = [_date_as_pattern(b) for b in out["anyOf"]]
-        return _date_as_pattern(out)
+        if "type" in s or s.keys().isdisjoint(_FAMILY):
+            return s  # (most schemas: the step does not apply)
+        return self._split_types(s)
 
     @contextlib.contextmanager
     def _exact(self) -> Iterator[None]:
@@ -731,6 +726,7 @@ class _Lowerer:
                    (cls._drop_false_branches, frozenset(branches)),
                    (cls._merge_all_of, frozenset(("allOf",))),
                    (cls._merge_ref, frozenset(("$ref",))),
+                   (cls._format_pattern, frozenset(("format",))),
                    (cls._unevaluated, frozenset(unevaluated)),
                    (cls._unevaluated_branches, frozenset(unevaluated)))
         rest = ((cls._not, frozenset(("not",))),
@@ -740,8 +736,7 @@ class _Lowerer:
                 (cls._one_of_values, frozenset(("oneOf",))),
                 (cls._one_of_by_type, frozenset(("oneOf",))),
                 (cls._one_of_exclusive, frozenset(("oneOf",))),
-                (cls._contains, frozenset(("contains",))),
-                (cls._format_subset, frozenset(("format",))))
+                (cls._contains, frozenset(("contains",))))
         # Subsets would change which properties and items count as evaluated.
         subsets = {cls._not, cls._if_then_else, cls._one_of_exclusive, cls._contains}
         # With unevaluated* anywhere, nothing that changes what a definition evaluates.
@@ -1164,15 +1159,38 @@ class _Lowerer:
         self.approximated.append("contains: the matching items first")
         return rest
 
-    def _format_subset(self, s: dict[str, Any]) -> Any:
-        """With ``approximate``, an internationalized format as its ASCII form, which the
-        engines enforce: every email address is an ``idn-email``, every URI an ``iri``
-        (RFC 3987), every hostname an ``idn-hostname``."""
+    def _format_pattern(self, s: dict[str, Any]) -> Any:
+        """A standard ``format`` as the ``pattern`` of its language
+        (``json_schema.formats.FORMATS``), so that every engine enforces our language and
+        none its own format code: always where the language is exact, with ``approximate``
+        where it is a sound subset (a negated subset would be a superset: the ``format``
+        stays there, and the engines refuse it). Both keywords apply to strings only. A
+        format whose values all have one length decides ``minLength``/``maxLength`` here;
+        beside another ``pattern`` the format's goes into an ``allOf`` (both must match)."""
         fmt = s.get("format")
-        if not self.approximate or fmt not in _ASCII_FORMAT:
+        entry = FORMATS.get(fmt) if isinstance(fmt, str) else None
+        if entry is None or entry.pattern is None or not (entry.exact or self.approximate):
             return s
-        self.approximated.append(f"format {fmt} as {_ASCII_FORMAT[fmt]}")
-        return {**s, "format": _ASCII_FORMAT[fmt]}
+        if not entry.exact:
+            self.approximated.append(f"format {fmt} without {entry.left_out}")
+        out = {k: v for k, v in s.items() if k != "format"}
+        if entry.length is not None and ("minLength" in out or "maxLength" in out):
+            low, high = out.pop("minLength", 0), out.pop("maxLength", entry.length)
+            if not (isinstance(low, (int, float)) and isinstance(high, (int, float))):
+                raise _NotExact("length bounds that are not numbers")
+            if not low <= entry.length <= high:
+                # No string of the format has a length within the bounds.
+                types = _types(out)
+                rest = (types if types is not None else {*_TYPES, "integer"}) - {"string"}
+                if not rest:
+                    return False
+                return {k: v for k, v in out.items() if k not in _STRING_KW} | {
+                    "type": _type_list(rest)}
+        if isinstance(out.get("pattern"), str) and out["pattern"] != entry.pattern:
+            out["allOf"] = [*out.get("allOf", []), {"pattern": entry.pattern}]
+        else:
+            out["pattern"] = entry.pattern
+        return out
 
     def _distribute(self, s: dict[str, Any]) -> Any:
         """``anyOf``/``oneOf`` beside other keywords: the keywords merged into each branch
@@ -1233,11 +1251,9 @@ def _changed(out: Any, s: Any) -> Any:
 def _plain(s: dict[str, Any], hit: set[str]) -> bool:
     """Whether no step changes ``s``, whose keywords of :data:`_STEP_KEYS` are ``hit``, all
     in :data:`_PLAIN_VACUOUS_KEYS` (most schemas: ``required`` properties that may be
-    present, a standard format with no ASCII form to take, integer counts)."""
-    fmt = s.get("format")
+    present, integer counts, no format: a pattern takes the place of a format)."""
     return not any(isinstance(s[k], float) for k in hit) and (
-        fmt is None or isinstance(fmt, str) and fmt in STANDARD_FORMATS
-        and fmt not in _ASCII_FORMAT) and not _requires_false(s)
+        "format" not in s) and not _requires_false(s)
 
 
 def _drop_vacuous(s: dict[str, Any], *, evaluated_matters: bool = False) -> Any:
@@ -1363,28 +1379,9 @@ def _retarget(s: Any, narrowed: set[str], *, exact: bool) -> Any:
     return out
 
 
-#: RFC 3339 full-date, calendar exact (days per month, leap years): both engines' own
-#: ``date`` accepts 2023-02-29, and xgrammar's 2022-02-30 too.
-DATE_PATTERN = (r"^(\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)"
-                r"|02-(0[1-9]|1\d|2[0-8]))|(\d{2}(0[48]|[2468][048]|[13579][26])"
-                r"|([02468][048]|[13579][26])00)-02-29)$")
-
-
-def _date_as_pattern(s: Any) -> Any:
-    """A schema with ``format: date`` (and no ``pattern``) and a ``type`` that includes
-    strings, with :data:`DATE_PATTERN` instead (both apply to strings only); a date has 10
-    characters, so length bounds either hold or leave no string."""
-    types = _types(s) if isinstance(s, dict) else None
-    if types is None or "string" not in types or s.get("format") != "date" or "pattern" in s:
-        return s
-    out = {k: v for k, v in s.items() if k not in ("format", "minLength", "maxLength")}
-    if s.get("minLength", 0) <= 10 <= s.get("maxLength", 10):
-        out["pattern"] = DATE_PATTERN
-        return out
-    if types == {"string"}:
-        return False
-    out["type"] = _type_list(types - {"string"})
-    return out
+#: RFC 3339 full-date, calendar exact (days per month, leap years), years 0001-9999: both
+#: engines' own ``date`` accepts 2023-02-29, and xgrammar's 2022-02-30 too.
+DATE_PATTERN = FORMATS["date"].pattern
 
 
 def _map_bottom_up(s: Any, fn: Any) -> Any:

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
+from ..json_schema.formats import FORMATS
 from .json_lowering import value_types
 from .xgrammar_patterns import (
     LARGEST_JSON_REPEAT,
@@ -34,7 +35,7 @@ from .xgrammar_patterns import (
     needs_escaped_character,
 )
 
-__all__ = ["XGRAMMAR_FORMATS", "length_pattern", "llguidance_exact_numbers",
+__all__ = ["format_unsupported", "length_pattern", "llguidance_exact_numbers",
            "llguidance_unsupported", "map_schemas", "plain_number_range",
            "node_patterns", "strict_schema", "xgrammar_exact_strings", "xgrammar_open_schema", "xgrammar_strict_schema",
            "xgrammar_unsupported"]
@@ -69,10 +70,11 @@ _RANGE_KEYS = frozenset(("minimum", "maximum", "exclusiveMinimum", "exclusiveMax
 _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string",
                type(None): "null", list: "array", dict: "object"}
 
-#: String formats xgrammar 0.2.8 enforces; another format on a string is refused.
-XGRAMMAR_FORMATS = ("email", "date", "time", "date-time", "duration", "ipv4", "ipv6",
-                    "hostname", "uuid", "uri", "uri-reference", "uri-template", "json-pointer",
-                    "relative-json-pointer")
+#: The pattern of each format's language (``json_schema.formats``) to its entry: the
+#: lowering put it in place of ``format``, and an engine the entry refuses refuses it.
+_FORMAT_PATTERNS = {f.pattern: f for f in FORMATS.values() if f.pattern is not None}
+#: Whether any format's entry refuses the engine (its patterns are then looked for).
+_REFUSING = {e: any(e in f.refused for f in FORMATS.values()) for e in ("xgrammar", "llguidance")}
 
 
 def iter_schemas(node: Any, pointer: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -102,10 +104,42 @@ def node_patterns(node: Mapping[str, Any]) -> list[str]:
     return patterns
 
 
+def format_unsupported(schema: Any, engine: str) -> list[str]:
+    """Why ``engine`` would not enforce the formats of the lowered ``schema`` soundly:
+    ``"<pointer>: <reason>"`` lines (empty when it can). The lowering put the pattern of our
+    language (``json_schema.formats``) in place of each standard ``format`` it could; a
+    ``format`` left is one whose language we enforce only as a subset, in a place where the
+    schema is negated (``not``, ``if``, a ``oneOf`` branch, ``contains``), or one no engine
+    enforces: an engine would apply its own format code (leap seconds anywhere, February
+    31, 64-character labels), so it refuses. A format's pattern on an engine its entry
+    refuses is refused too."""
+    found = []
+    for pointer, node in iter_schemas(schema):
+        where = pointer or "/"
+        fmt = node.get("format")
+        entry = FORMATS.get(fmt) if isinstance(fmt, str) else None
+        if entry is not None:
+            if entry.pattern is None:
+                found.append(f"{where}: format {fmt!r} is enforced by no engine")
+            else:
+                found.append(f"{where}: format {fmt!r} is enforced only as a subset (without "
+                             f"{entry.left_out}), which cannot stand where the schema is "
+                             "negated (not, if, oneOf, contains)")
+        patterns = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+        patterns += [b["pattern"] for b in node.get("allOf") or ()
+                     if isinstance(b, Mapping) and isinstance(b.get("pattern"), str)]
+        for p in patterns:
+            entry = _FORMAT_PATTERNS.get(p)
+            if entry is not None and engine in entry.refused:
+                found.append(f"{where}: format {entry.name!r} is refused on {engine}: "
+                             f"{entry.refused[engine]}")
+    return found
+
+
 def xgrammar_unsupported(schema: Any) -> list[str]:
     """Why xgrammar would not enforce ``schema`` exactly: ``"<pointer>: <reason>"`` lines
     (empty when it can)."""
-    found = []
+    found = format_unsupported(schema, "xgrammar")
     for pointer, node in iter_schemas(schema):
         where = pointer or "/"
         for key in XGRAMMAR_IGNORED:
@@ -123,9 +157,6 @@ def xgrammar_unsupported(schema: Any) -> list[str]:
                 types == ["integer"] and isinstance(node["multipleOf"], int)):
             found.append(f"{where}: multipleOf is enforced by xgrammar only as an integer on "
                          "type integer")
-        fmt = node.get("format")
-        if "string" in types and isinstance(fmt, str) and fmt not in XGRAMMAR_FORMATS:
-            found.append(f"{where}: format {fmt!r} is not enforced by xgrammar")
         found += [f"{where}: {why}" for why in _xgrammar_node_problems(node, types)]
         if types:
             found += [f"{where}: {why}" for why in _xgrammar_type_beside(node, types, schema)]
@@ -141,10 +172,12 @@ def llguidance_unsupported(schema: Any, text: str) -> list[str]:
     ``0`` for ``exclusiveMinimum: 0, maximum: 0.5``. It reaches that form for
     ``exclusiveMinimum: L`` (L >= 0 an integer) with an upper bound below L + 1, for
     ``exclusiveMaximum: -H`` (H an integer) with a lower bound above -H - 1 (it accepts
-    ``-H``), and for ``exclusiveMaximum: 0`` with a lower bound in (-1, 0) (``-0``)."""
+    ``-H``), and for ``exclusiveMaximum: 0`` with a lower bound in (-1, 0) (``-0``).
+    Formats as :func:`format_unsupported` says."""
+    found = format_unsupported(schema, "llguidance") if (
+        '"format"' in text or _REFUSING["llguidance"]) else []
     if '"exclusiveM' not in text:
-        return []
-    found = []
+        return found
     for pointer, node in iter_schemas(schema):
         types = node.get("type", "number")
         if not (types == "number" or isinstance(types, list) and "number" in types):
