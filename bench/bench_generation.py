@@ -7,7 +7,8 @@ schema of a source, each finished text validated by ``jsonschema`` for the schem
         --engine xgrammar --files ../shared/data/maskbench/Github_easy.jsonl
 
 Sources: ``suite`` (every draft's JSON Schema Test Suite groups, required and optional;
-``--drafts`` picks some), ``maskbench`` (``--files``), ``hypothesis`` (``--limit`` random
+``--drafts`` picks some), ``maskbench`` (``--files``, taken round-robin over the files so that a run stopped
+early covers each alike; ``done_by_file`` says how far), ``hypothesis`` (``--limit`` random
 small schemas, 200 by default). Writes
 ``bench/results/generation_<source>_<engine>.json`` (``--out`` to change it; ``--tag``
 appends to the name) with the command, machine, date, summary and every finding; a run
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import glob
+import itertools
 import json
 import os
 import platform
@@ -59,7 +61,11 @@ def load_items(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str
         covered: dict[str, Any] = {"drafts": drafts}
     elif args.source == "maskbench":
         files = sorted(glob.glob(args.files))
-        items = maskbench_items(files)
+        # Round-robin over the files: a run stopped early has covered each file alike.
+        per_file = [[{**it, "file": os.path.basename(f)} for it in maskbench_items([f])]
+                    for f in files]
+        items = [it for group in itertools.zip_longest(*per_file) for it in group
+                 if it is not None]
         covered = {"files": [os.path.basename(f) for f in files]}
     else:
         items = hypothesis_items(args.limit or 200, args.seed)
@@ -84,6 +90,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=10.0, help="per-compile limit (s)")
     p.add_argument("--max-steps", type=int, default=400, help="a walk's token cap")
+    p.add_argument("--soft-steps", type=int, default=48,
+                   help="steps over which the bias toward ending grows (longer walks: more)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="stop after this many seconds and write a partial result")
     p.add_argument("--metamorphic", action="store_true",
@@ -108,7 +116,8 @@ def main() -> int:
 
     # SIGTERM (a scheduler's stop) ends the run as Ctrl-C does: results are written.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    walker = MaskWalker(info, args.engine, timeout_s=args.timeout, max_steps=args.max_steps)
+    walker = MaskWalker(info, args.engine, timeout_s=args.timeout, max_steps=args.max_steps,
+                        soft_steps=args.soft_steps)
     result: GenerationResult | None = None
     meta: list[dict[str, Any]] | None = None
     try:
@@ -134,6 +143,7 @@ def main() -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(), "tokenizer": args.tokenizer, "source": args.source,
         "covered": covered, "partial": partial, "items_done": len(done),
+        "done_by_file": _by_file(done, items),
         "seconds": round(time.perf_counter() - t0, 1), "summary": summary,
         "failures": [vars(f) for f in result.failures],
         "dead_ends": result.dead_ends[:50],
@@ -152,6 +162,18 @@ def main() -> int:
     print(json.dumps(summary), "partial" if partial else "", flush=True)
     print("wrote", out)
     return 0
+
+
+def _by_file(done: list[dict[str, Any]], items: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """``{file: [schemas done, schemas in the file]}`` (a suite item's file is in its id:
+    ``draft7/ref.json#3``)."""
+    file_of = {str(it["id"]): str(it.get("file", str(it["id"]).split("#")[0])) for it in items}
+    out: dict[str, list[int]] = {}
+    for it in items:
+        out.setdefault(file_of[str(it["id"])], [0, 0])[1] += 1
+    for row in done:
+        out.setdefault(file_of.get(str(row["id"]), "?"), [0, 0])[0] += 1
+    return out
 
 
 def _merge(into: GenerationResult, part: GenerationResult) -> None:

@@ -130,7 +130,9 @@ class GenerationResult:
     mask_accept_mismatches: list[dict[str, Any]] = field(default_factory=list)
     #: Texts the validator could not decide (an unresolvable ``$ref``, deep recursion).
     validator_errors: list[dict[str, Any]] = field(default_factory=list)
-    #: Valid texts with a repeated property name (the validator sees the last one only).
+    #: Valid texts with a repeated property name (the validator sees the last one only):
+    #: ``{"id", "text", "first_wins_error"}``, the error a reader keeping the first
+    #: occurrence would see ("" if none).
     duplicate_keys: list[dict[str, Any]] = field(default_factory=list)
     #: Formats used by compiled schemas that the installed ``jsonschema`` does not assert
     #: (a missing package such as rfc3339-validator): failures of these go unseen.
@@ -155,6 +157,8 @@ class GenerationResult:
             "mask_accept_mismatches": len(self.mask_accept_mismatches),
             "validator_errors": len(self.validator_errors),
             "duplicate_keys": len(self.duplicate_keys),
+            "duplicate_keys_invalid_first_wins": sum(bool(d["first_wins_error"])
+                                                     for d in self.duplicate_keys),
             "formats_unchecked": dict(self.formats_unchecked),
         }
 
@@ -377,22 +381,42 @@ def check_text(raw: bytes, validator: Any) -> tuple[str, str, str] | None:
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     if error is None:
         return None
+    return _described(error)
+
+
+def _best_error(validator: Any, value: Any) -> str:
+    """The validator's best error on ``value`` as in :func:`check_text`, or ""."""
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    return "" if error is None else _described(error)[1]
+
+
+def _described(error: Any) -> tuple[str, str, str]:
+    """(keyword, message with the instance path, format) of a ``ValidationError``."""
     fmt = error.schema.get("format", "") if isinstance(error.schema, dict) else ""
     where = "/".join(str(p) for p in error.absolute_path)
     return str(error.validator), f"at /{where}: {error.message}"[:500], str(fmt)
 
 
-def _duplicate_keys(text: str) -> bool:
+def _first_wins(text: str) -> tuple[bool, Any]:
+    """(whether an object of ``text`` repeats a name, the value read keeping each name's
+    first occurrence): Python, like most parsers, keeps the last, so a validator never sees
+    the first; a reader that keeps the first sees this value."""
     seen = False
 
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         nonlocal seen
-        if len({k for k, _ in pairs}) != len(pairs):
-            seen = True
-        return dict(pairs)
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                seen = True
+            else:
+                out[k] = v
+        return out
 
-    json.loads(text, object_pairs_hook=hook)
-    return seen
+    value = json.loads(text, object_pairs_hook=hook)  # (before reading `seen`)
+    return seen, value
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -474,16 +498,37 @@ def run_generation(items: Iterable[dict[str, Any]], walker: MaskWalker, *, walks
                 continue
             if bad is None:
                 text = raw.decode("utf-8")
-                if _duplicate_keys(text):
-                    result.duplicate_keys.append({"id": item_id, "text": text})
+                repeated, first = _first_wins(text)
+                if repeated:
+                    # Valid as parsed (last name wins); is it valid for a first-wins reader?
+                    try:
+                        err = _best_error(validator, first)
+                    except Exception as exc:  # noqa: BLE001 - the validator cannot decide
+                        err = repr(exc)
+                    result.duplicate_keys.append({"id": item_id, "text": text,
+                                                  "first_wins_error": err[:300]})
                 continue
             keyword, error, fmt = bad
+            if keyword == "multipleOf" and _decimal_valid(target, raw):
+                note = note or ("jsonschema divides binary floats: the number is a multiple "
+                                "in decimal (as the engines decide it)")
             row["failures"] += 1
             result.failures.append(Failure(item_id, walker.engine, raw.decode("utf-8",
                                            "replace"), error, keyword, draft, fmt, note))
         if progress is not None:
             progress(row)
     return result
+
+
+def _decimal_valid(schema: Any, raw: bytes) -> bool:
+    """Whether ``raw`` is valid with ``multipleOf`` decided on decimals (the mutation
+    probe's validator)."""
+    from .mutation import validator as decimal_validator
+
+    try:
+        return bool(decimal_validator(schema).is_valid(json.loads(raw)))
+    except Exception:  # noqa: BLE001 - undecidable: not shown valid
+        return False
 
 
 def _suite_disagreement(validator: Any, tests: Sequence[dict[str, Any]] | None) -> str:

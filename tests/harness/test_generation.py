@@ -260,3 +260,13 @@ def test_suite_items_give_the_folder_draft():
     assert items and all(it["schema"].get("$schema") == gen.DRAFTS["draft4"]
                          for it in items if isinstance(it["schema"], dict))
     assert any(it["remote"] for it in items)
+
+
+def test_repeated_names_are_read_first_wins_too():
+    # Python keeps a repeated name's last value, so the validator never sees the first; the
+    # harness reads the text keeping the first as well and records what that reader sees.
+    repeated, first = gen._first_wins('{"a": "x", "b": {"c": 1, "c": 2}, "a": 1}')
+    assert repeated and first == {"a": "x", "b": {"c": 1}}
+    v = validator_for({"properties": {"a": {"type": "integer"}}})
+    assert "not of type 'integer'" in gen._best_error(v, first)
+    assert gen._first_wins('{"a": 1}') == (False, {"a": 1})
