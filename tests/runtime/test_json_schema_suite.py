@@ -9,6 +9,7 @@ tokenized with the SmolLM2 tokenizer and walked token by token, then the stop to
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 from runtime_helpers import suite_dir
@@ -72,3 +73,40 @@ def test_auto_covers_each_engine(suite_rows):
     # (within the time limit), and decides its instances as that engine does.
     ok = {e: {r["id"] for r in suite_rows[e] if r["status"] == "ok"} for e in FLOORS}
     assert ok["llguidance"] | ok["xgrammar"] <= ok["auto"]
+
+
+# -- drafts 4, 6, 7 and 2019-09 (tests/data), read under their folder's $schema -------------
+DRAFTS_DIR = Path(__file__).resolve().parents[1] / "data" / "json-schema-test-suite"
+#: Floors on engine auto (bench/results/json_schema_suite_<draft>.json): groups, schemas
+#: compiled, instances decided right. Required and optional tests, `optional/format` left out.
+DRAFT_FLOORS = {"draft4": (192, 175, 610), "draft6": (266, 235, 811),
+                "draft7": (295, 260, 899), "draft2019-09": (420, 366, 1204)}
+#: Accepted invalid instances for a reason outside dialects: a non-BMP character (U+1F432)
+#: repeated in a `patternProperties` regex (the same schema in every draft).
+OUTSIDE_DIALECTS = {"optional/non-bmp-regex.json#1"}
+
+
+def _draft_groups(name):
+    from portable_guided.json_schema.dialects import by_name
+
+    folder = DRAFTS_DIR / name
+    groups = load_suite(str(folder)) + [
+        {**g, "id": "optional/" + g["id"]} for g in load_suite(str(folder / "optional"))]
+    for group in groups:  # a group's schema is read under its folder's draft
+        if isinstance(group["schema"], dict) and "$schema" not in group["schema"]:
+            group["schema"] = {"$schema": by_name(name).uri, **group["schema"]}
+    return groups
+
+
+@pytest.mark.skipif(not DRAFTS_DIR.is_dir(), reason=f"no Test Suite drafts at {DRAFTS_DIR}")
+@pytest.mark.parametrize("name", sorted(DRAFT_FLOORS))
+def test_older_draft_suite_on_auto(name):
+    from portable_guided.runtime import load_tokenizer_info
+
+    groups = _draft_groups(name)
+    summary = summarize_suite(run_suite(groups, load_tokenizer_info("smollm2"), "auto",
+                                        timeout_s=5.0))
+    assert set(summary["unsound_groups"]) <= OUTSIDE_DIALECTS, summary["unsound_groups"]
+    n_groups, compiled, right = DRAFT_FLOORS[name]
+    assert summary["schemas"] == n_groups
+    assert summary["compiled"] >= compiled and summary["decided_right"] >= right, summary
