@@ -81,6 +81,9 @@ _DEFAULT_BASE = "https://portable-guided.invalid/root.json"
 #: dropped; the standard ones become the pattern of their language (``json_schema.formats``),
 #: or are refused.
 STANDARD_FORMATS = frozenset(FORMATS)
+#: Formats whose check in ``jsonschema`` accepts values the format does not (``email``: an
+#: ``@`` anywhere; ``regex``: Python's dialect, not ECMA-262's).
+_LOOSE_CHECKS = frozenset(("email", "idn-email", "regex"))
 #: Largest number of branches a distribution of anyOf/oneOf may produce.
 MAX_BRANCHES = 16
 
@@ -721,12 +724,14 @@ class _Lowerer:
         branches = ("anyOf", "oneOf")
         # What is "evaluated" depends on the applicators beside unevaluated*: only these
         # rewrites keep it (merging allOf and $ref targets into the schema).
+        # A format becomes its pattern before the enum filter: the validator then decides
+        # the values by our language, not by its own format checks.
         keeping = ((cls._drop_vacuous, _VACUOUS_KEYS | {"enum"}),
+                   (cls._format_pattern, frozenset(("format",))),
                    (cls._enum_filter, frozenset(("enum", "const"))),
                    (cls._drop_false_branches, frozenset(branches)),
                    (cls._merge_all_of, frozenset(("allOf",))),
                    (cls._merge_ref, frozenset(("$ref",))),
-                   (cls._format_pattern, frozenset(("format",))),
                    (cls._unevaluated, frozenset(unevaluated)),
                    (cls._unevaluated_branches, frozenset(unevaluated)))
         rest = ((cls._not, frozenset(("not",))),
@@ -784,6 +789,12 @@ class _Lowerer:
         # The values come from the enum: checking them against it again is quadratic.
         check = {k: v for k, v in s.items() if k not in _ANNOTATIONS and k != "enum"
                  and not (k == "const" and "enum" not in s)}
+        fmt = s.get("format")
+        if isinstance(fmt, str) and fmt in FORMATS and (
+                fmt not in Validator.FORMAT_CHECKER.checkers or fmt in _LOOSE_CHECKS):
+            # A format left (a subset where the schema is negated): the validator's check
+            # is missing (its optional package is not installed) or looser than the format.
+            raise _NotExact(f"the validator does not check format {fmt} strictly")
         if refs:  # every one a `#/$defs/pg<n>` (checked above): the definitions go along
             check["$defs"] = self.defs
         try:
