@@ -143,11 +143,13 @@ class _Walk:
             return base, not old
         where = old + (self.id_key,)
         uri, _, fragment = ident.partition("#")
-        if fragment and not _ANCHOR.fullmatch(fragment):
-            raise self.fail(where, f"{self.id_key} {ident!r:.100} has a fragment that is not "
-                                   "a plain name")
         if fragment and self.d.rank >= 3:
             raise self.fail(where, f"$id {ident!r:.100} has a fragment")
+        if fragment and not _ANCHOR.fullmatch(fragment):
+            # Not an anchor 2020-12 can name. A pointer ("#/definitions/a") is reached by
+            # where it is anyway; a `$ref` to another name is left unresolvable, and the
+            # engines refuse it.
+            fragment = ""
         if fragment:
             out["$anchor"] = fragment  # a location-independent identifier
         if not uri:

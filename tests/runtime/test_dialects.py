@@ -141,6 +141,9 @@ def _reference(dialect):
      {"$id": "http://x/s.json", "type": "string"}),
     ({"$schema": D7, "definitions": {"a": {"$id": "#foo", "type": "integer"}}},
      {"definitions": {"a": {"$anchor": "foo", "type": "integer"}}}),
+    ({"$schema": D4, "definitions": {"a": {"id": "#/definitions/a", "type": "string"},
+                                     "b": {"id": "#b!c"}}},
+     {"definitions": {"a": {"type": "string"}, "b": {}}}),  # no 2020-12 anchor: inert
     ({"$schema": D4, "const": 1, "contains": {}, "propertyNames": {}, "if": {},
       "x-note": {"const": 2}}, {"x-note": {"const": 2}}),
     ({"$schema": D7, "$ref": "#/definitions/a", "$id": "http://x/y", "type": "string",
