@@ -31,7 +31,7 @@ from typing import Any
 
 from .dialects import KEYWORDS, LATEST, Dialect, dialect_named, form
 
-__all__ = ["normalise"]
+__all__ = ["check_nested_dialects", "normalise"]
 
 #: The base URI of a schema without ``$id`` (never fetched; as the runtime's ref check).
 _LOCAL_BASE = "https://portable-guided.invalid/root.json"
@@ -66,6 +66,33 @@ def normalise(schema: Any, dialect: Dialect) -> Any:
     except ValueError as exc:  # e.g. an $id urllib cannot parse
         raise _error(f"schema not readable under {dialect.uri}: {exc}", "/") from None
     return out
+
+
+def check_nested_dialects(schema: Any, dialect: Dialect) -> None:
+    """Refuse a ``$schema`` below the root of ``schema`` naming a dialect other than
+    ``dialect`` (an embedded resource of another draft: read as ``dialect`` it could accept
+    more). Walks the structure, as :func:`normalise` does; call it only where the schema's
+    text holds more than one ``"$schema"``."""
+    stack: list[tuple[Any, Path, bool]] = [(schema, (), True)]
+    while stack:
+        node, path, is_schema = stack.pop()
+        if isinstance(node, list):
+            stack.extend((v, path + (str(i),), is_schema) for i, v in enumerate(node))
+            continue
+        if not isinstance(node, Mapping):
+            continue
+        if not is_schema:  # a map of names to subschemas
+            stack.extend((v, path + (str(k),), True) for k, v in node.items())
+            continue
+        if path and "$schema" in node and dialect_named(node["$schema"]) is not dialect:
+            raise _error(f"$schema {node['$schema']!r:.100} inside a {dialect.name} schema is "
+                         "not supported", _pointer(path + ("$schema",)))
+        for key, value in node.items():
+            kind = form(key, LATEST) or form(key, dialect)
+            if kind in ("schema", "schemas", "schema_or_list"):
+                stack.append((value, path + (key,), True))
+            elif kind in ("schema_map", "container", "schema_or_names"):
+                stack.append((value, path + (key,), False))
 
 
 def _error(message: str, pointer: str) -> Exception:

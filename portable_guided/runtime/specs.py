@@ -132,6 +132,8 @@ class GrammarSpec:
         text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
         deferred = False
         if dialect is _dialects.LATEST:  # (most schemas: no walk, no copy)
+            if text.count('"$schema"') > ("$schema" in schema):
+                _normalise.check_nested_dialects(schema, dialect)
             if validate:
                 _validate_refs(schema, "", text)
                 deferred = _check_meta_unless_slow(schema, len(text), values)

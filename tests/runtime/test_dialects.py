@@ -404,6 +404,16 @@ def test_2020_12_schema_not_walked(monkeypatch):
         '{"type":"string"}'
 
 
+def test_nested_dialect_refused_in_2020_12():
+    with pytest.raises(GrammarSpecError, match="inside"):
+        GrammarSpec.json_schema({"$defs": {"a": {"$id": "http://x/a", "$schema": D7}}})
+    with pytest.raises(GrammarSpecError, match="no supported"):
+        GrammarSpec.json_schema({"items": {"$schema": "http://json-schema.org/draft-03/schema#"}})
+    # Names and data are not schemas: a property called $schema is fine.
+    GrammarSpec.json_schema({"properties": {"$schema": {"const": {"$schema": D4}}}})
+    GrammarSpec.json_schema({"items": {"$schema": LATEST.uri}})
+
+
 def test_checked_under_the_declared_draft():
     with pytest.raises(GrammarSpecError, match="invalid JSON schema"):
         GrammarSpec.json_schema({"$schema": D4, "exclusiveMaximum": 3})  # boolean in draft 4
