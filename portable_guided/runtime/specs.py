@@ -132,7 +132,7 @@ class GrammarSpec:
         text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
         deferred = False
         if dialect is _dialects.LATEST:  # (most schemas: no walk, no copy)
-            if text.count('"$schema"') > ("$schema" in schema):
+            if text.count('"$schema"') > (isinstance(schema, Mapping) and "$schema" in schema):
                 _normalise.check_nested_dialects(schema, dialect)
             if validate:
                 _validate_refs(schema, "", text)

@@ -412,6 +412,7 @@ def test_nested_dialect_refused_in_2020_12():
     # Names and data are not schemas: a property called $schema is fine.
     GrammarSpec.json_schema({"properties": {"$schema": {"const": {"$schema": D4}}}})
     GrammarSpec.json_schema({"items": {"$schema": LATEST.uri}})
+    assert GrammarSpec.json_schema(True).payload is True
 
 
 def test_checked_under_the_declared_draft():
