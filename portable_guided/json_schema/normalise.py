@@ -321,7 +321,9 @@ class _Walk:
         ref = node["$ref"]
         if not isinstance(ref, str):
             return
-        target, _, fragment = urllib.parse.urljoin(base, ref).partition("#")
+        # (urljoin leaves a fragment alone against a base it cannot join to, e.g. a URN.)
+        joined = base + ref if ref.startswith("#") else urllib.parse.urljoin(base, ref)
+        target, _, fragment = joined.partition("#")
         if fragment and not fragment.startswith("/"):
             return  # an anchor: carried as $anchor
         root = self.resources.get(target)

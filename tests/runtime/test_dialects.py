@@ -183,6 +183,12 @@ def test_pointers_follow_what_moved():
         "dependentSchemas": {"a": {"$ref": "#/prefixItems/1"}}}
 
 
+def test_pointers_follow_under_a_urn_base():
+    schema = {"$schema": D7, "$id": "urn:uuid:deadbeef-1234-0000-0000-4321feebdaed",
+              "items": [{"type": "string"}], "additionalItems": {"$ref": "#/items/0"}}
+    assert norm(schema)["items"] == {"$ref": "#/prefixItems/0"}
+
+
 @pytest.mark.parametrize("schema", [
     {"$schema": D7, "$ref": "#/if", "if": {"type": "string"}},  # a sibling of $ref
     {"$schema": D6, "if": {"type": "string"}, "properties": {"a": {"$ref": "#/if"}}},
