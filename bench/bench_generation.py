@@ -148,6 +148,7 @@ def main() -> int:
         "failures": [vars(f) for f in result.failures],
         "dead_ends": result.dead_ends[:50],
         "mask_accept_mismatches": result.mask_accept_mismatches[:50],
+        "engine_failures": result.engine_failures[:100],
         "validator_errors": result.validator_errors[:50],
         "duplicate_keys": result.duplicate_keys[:20],
         "remote_compiled": result.remote_compiled,
@@ -182,7 +183,7 @@ def _merge(into: GenerationResult, part: GenerationResult) -> None:
                  "walks_finished", "walks_unfinished", "tokens"):
         setattr(into, name, getattr(into, name) + getattr(part, name))
     for name in ("remote_compiled", "failures", "dead_ends", "mask_accept_mismatches",
-                 "validator_errors", "duplicate_keys", "per_schema"):
+                 "engine_failures", "validator_errors", "duplicate_keys", "per_schema"):
         getattr(into, name).extend(getattr(part, name))
     into.formats_unchecked.update(part.formats_unchecked)
 

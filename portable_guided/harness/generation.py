@@ -128,6 +128,10 @@ class GenerationResult:
     dead_ends: list[dict[str, Any]] = field(default_factory=list)
     #: A token the mask allowed that ``accept`` then rejected (``{"id", "text", "token"}``).
     mask_accept_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    #: Walks cut short because the engine failed on the request (``{"id", "text",
+    #: "error"}``): the runtime then allows only the stop token and marks the request
+    #: failed, so the cut-off text is the runtime's documented failure, not a vouched text.
+    engine_failures: list[dict[str, Any]] = field(default_factory=list)
     #: Texts the validator could not decide (an unresolvable ``$ref``, deep recursion).
     validator_errors: list[dict[str, Any]] = field(default_factory=list)
     #: Valid texts with a repeated property name (the validator sees the last one only):
@@ -155,6 +159,8 @@ class GenerationResult:
             "failures_by_draft": dict(Counter(f.draft for f in self.failures)),
             "dead_ends": len(self.dead_ends),
             "mask_accept_mismatches": len(self.mask_accept_mismatches),
+            "engine_failures": len(self.engine_failures),
+            "engine_failed_schemas": len({e["id"] for e in self.engine_failures}),
             "validator_errors": len(self.validator_errors),
             "duplicate_keys": len(self.duplicate_keys),
             "duplicate_keys_invalid_first_wins": sum(bool(d["first_wins_error"])
@@ -172,7 +178,8 @@ class GenerationResult:
 @dataclass
 class Walk:
     """One walk: its token ids (the stop token left out), whether it ended by the stop token,
-    and a problem that ended it early (``"dead_end"``, ``"mismatch"``) if any."""
+    and a problem that ended it early (``"dead_end"``, ``"mismatch:<token>"``,
+    ``"engine_failed:<error>"``) if any."""
 
     ids: list[int]
     finished: bool
@@ -233,10 +240,17 @@ class MaskWalker:
             req.fill(bm, 0)
             if not row.any():
                 return Walk(ids, False, "dead_end")
+            if req.failed:
+                # The engine failed mid-walk (llguidance's lexer limits): the row now allows
+                # only the stop token, so the text would end cut off, and the request says
+                # so. Not a text the mask vouches for: reported apart, never validated.
+                return Walk(ids, False, f"engine_failed:{req.error}")
             token = choose(row, step, rng)
             if not req.accept(token):
                 return Walk(ids, False, f"mismatch:{token}")
             if token in self.stops:
+                if req.failed:
+                    return Walk(ids, False, f"engine_failed:{req.error}")
                 return Walk(ids, True)
             ids.append(token)
         return Walk(ids, False)
@@ -481,10 +495,15 @@ def run_generation(items: Iterable[dict[str, Any]], walker: MaskWalker, *, walks
                 text = raw.decode("utf-8", "replace")
                 if w.problem == "dead_end":
                     result.dead_ends.append({"id": item_id, "text": text})
+                elif w.problem.startswith("engine_failed:"):
+                    result.engine_failures.append(
+                        {"id": item_id, "text": text,
+                         "error": w.problem.split(":", 1)[1][:300]})
                 else:
                     result.mask_accept_mismatches.append(
                         {"id": item_id, "text": text, "token": w.problem.split(":")[1]})
-            if not w.finished:
+                continue
+            if not w.finished:  # (the step cap)
                 row["unfinished"] += 1
                 result.walks_unfinished += 1
                 continue
@@ -620,8 +639,9 @@ def cross_accept(items: Iterable[dict[str, Any]], walker: MaskWalker, drafts: tu
     (:func:`same_reading`), the finished walks under one ``$schema`` must be accepted (the
     same token ids, then the stop token) by a request under the other, and vice versa.
 
-    Returns the disagreements ``{"id", "written_under", "rejected_under", "text"}`` and, for
-    an item only one draft compiles, ``{"id", "compiled_under", "refused_under", "error"}``.
+    Returns the disagreements ``{"id", "written_under", "rejected_under", "text"}``; for an
+    item only one draft compiles, ``{"id", "compiled_under", "refused_under", "error"}``; for
+    a request the engine failed on, ``{"id", "written_under", "engine_failed_under", ...}``.
     The schema's own ``$schema`` is replaced."""
     out: list[dict[str, Any]] = []
     stop = walker.stops[0]
@@ -651,9 +671,14 @@ def cross_accept(items: Iterable[dict[str, Any]], walker: MaskWalker, drafts: tu
                     continue
                 req = walker.rt.new_request(specs[b], on_error="reject")
                 req.wait()
-                if not (req.accept_tokens(w.ids) == len(w.ids) and req.accept(stop)):
+                accepted = req.accept_tokens(w.ids) == len(w.ids) and req.accept(stop)
+                text = walker.text(w.ids).decode("utf-8", "replace")
+                if req.failed:  # (a failed request accepts the stop token: not a verdict)
+                    out.append({"id": item["id"], "written_under": a, "engine_failed_under": b,
+                                "text": text, "error": str(req.error)[:300]})
+                elif not accepted:
                     out.append({"id": item["id"], "written_under": a, "rejected_under": b,
-                                "text": walker.text(w.ids).decode("utf-8", "replace")})
+                                "text": text})
     return out
 
 

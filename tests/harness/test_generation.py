@@ -270,3 +270,19 @@ def test_repeated_names_are_read_first_wins_too():
     v = validator_for({"properties": {"a": {"type": "integer"}}})
     assert "not of type 'integer'" in gen._best_error(v, first)
     assert gen._first_wins('{"a": 1}') == (False, {"a": 1})
+
+
+def test_engine_failure_is_reported_not_validated(walkers):
+    # MaskBench Github_easy---o21053: llguidance's lexer gives up on this pattern at the
+    # first string character ("too many expressions constructed"); the request fails and its
+    # row allows only the stop token, so a walk would end cut off. That is the runtime's
+    # documented failure (the request says so), reported apart, never counted as a text.
+    words = "^$|(^(?:\\S+\\s+){0,99}\\S+$)"
+    schema = {"type": "object", "additionalProperties": False, "required": ["q"],
+              "properties": {"q": {"type": "string", "maxLength": 5000, "pattern": words}}}
+    result = run_generation([{"id": "lexer", "schema": schema}], walkers["llguidance"],
+                            walks=2, tries=1, seed=SEED)
+    assert not result.failures, _report(result)
+    if result.compiled and result.engine_failures:  # (a runtime may come to refuse it)
+        assert result.walks_finished == 0
+        assert all("llguidance" in e["error"] for e in result.engine_failures)
