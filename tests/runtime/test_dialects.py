@@ -357,6 +357,8 @@ BUGS = [  # (schema, valid texts, invalid texts)
                            "definitions": {"a": {"type": "string"}}}}},
      ['{"p": 1}'], ['{"p": "s"}']),
     ({"$schema": D4, "maximum": 5, "exclusiveMaximum": True}, ["4"], ["5", "6"]),
+    # Draft 4's integers are written without a fraction (no 2020-12 form: docs/runtime.md).
+    ({"$schema": D4, "type": "integer"}, ["1"], ["1.0", "1e0"]),
     ({"$schema": D6, "items": [{"type": "integer"}], "additionalItems": {"type": "string"}},
      ['[1, "a"]'], ['[1, 2]', '["a"]']),
 ]
