@@ -528,9 +528,9 @@ def run_generation(items: Iterable[dict[str, Any]], walker: MaskWalker, *, walks
                                                   "first_wins_error": err[:300]})
                 continue
             keyword, error, fmt = bad
-            if keyword == "multipleOf" and _decimal_valid(target, raw):
-                note = note or ("jsonschema divides binary floats: the number is a multiple "
-                                "in decimal (as the engines decide it)")
+            if keyword in _NUMERIC and _decimal_valid(target, raw):
+                note = note or ("valid when numbers are read exactly (decimal), as the "
+                                "engines read them: the validator's binary floats decide it")
             row["failures"] += 1
             result.failures.append(Failure(item_id, walker.engine, raw.decode("utf-8",
                                            "replace"), error, keyword, draft, fmt, note))
@@ -539,13 +539,21 @@ def run_generation(items: Iterable[dict[str, Any]], walker: MaskWalker, *, walks
     return result
 
 
+_NUMERIC = frozenset({"multipleOf", "enum", "const", "minimum", "maximum", "exclusiveMinimum",
+                      "exclusiveMaximum"})
+
+
 def _decimal_valid(schema: Any, raw: bytes) -> bool:
-    """Whether ``raw`` is valid with ``multipleOf`` decided on decimals (the mutation
-    probe's validator)."""
-    from .mutation import validator as decimal_validator
+    """Whether ``raw`` is valid when the schema's and the text's numbers are read exactly
+    (fractions and exponents as ``Decimal``, so ``multipleOf`` divides exactly and 10**308
+    written out equals ``1e+308``), as the engines read them."""
+    from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
 
     try:
-        return bool(decimal_validator(schema).is_valid(json.loads(raw)))
+        exact = json.loads(json.dumps(schema), parse_float=Decimal)
+        # Enough digits for any JSON number's quotient (1e308 / 3 has 308).
+        with localcontext(Context(prec=1000, Emax=MAX_EMAX, Emin=MIN_EMIN)):
+            return bool(validator_for(exact).is_valid(json.loads(raw, parse_float=Decimal)))
     except Exception:  # noqa: BLE001 - undecidable: not shown valid
         return False
 
