@@ -107,8 +107,11 @@ class GrammarSpec:
         forbids them; ``strict=True`` forbids them in every object schema that does not say
         (``additionalProperties: false`` added before any engine sees the schema).
 
-        The schema is checked against its draft's meta-schema (with ``jsonschema`` when it
-        is installed); a remote ``$ref`` is rejected, never fetched. Errors raise
+        The schema is read under the draft its ``$schema`` names (4, 6, 7, 2019-09 or
+        2020-12, the default; any other is refused) and checked against that draft's
+        meta-schema (with ``jsonschema`` when it is installed); engines get its draft 2020-12
+        equivalent (``docs/runtime.md``, "Dialects"). A remote ``$ref`` is rejected, never
+        fetched. Errors raise
         :class:`GrammarSpecError` with the JSON pointer of the offending part. A large
         schema that the quick proof (``meta_fast``) cannot vouch for is checked in the
         compile job instead (``deferred_check``), so building a spec never blocks: the
