@@ -265,3 +265,29 @@ def test_engines_accept_only_what_the_strict_checker_does(schema, instance, runt
         decided = _decide(runtimes[engine], schema, instance)
         # Sound: refused, or accepting only valid values (a subset may reject some).
         assert expected or not decided, (engine, schema, instance, decided)
+
+
+# -- refusals ------------------------------------------------------------------------------------
+def test_a_format_left_by_the_lowering_is_refused():
+    from portable_guided.runtime.json_semantics import format_unsupported
+
+    left = {"not": {"type": "string", "format": "date-time"}}  # (as lowered exactly)
+    for engine in ENGINES:
+        (why,) = format_unsupported(left, engine)
+        assert why.startswith("/not: format 'date-time' is enforced only as a subset"), why
+    assert format_unsupported(lower({"type": "string", "format": "ipv4"}), "xgrammar") == []
+
+
+def test_an_entry_refusing_an_engine_refuses_its_pattern(monkeypatch):
+    import dataclasses
+
+    from portable_guided.runtime import json_semantics
+
+    entry = dataclasses.replace(FORMATS["ipv4"], refused={"xgrammar": "a reason"})
+    monkeypatch.setitem(json_semantics._FORMAT_PATTERNS, entry.pattern, entry)
+    monkeypatch.setitem(json_semantics._REFUSING, "xgrammar", True)
+    lowered = lower({"type": "string", "format": "ipv4"})
+    assert json_semantics.xgrammar_unsupported(lowered) == [
+        "/: format 'ipv4' is refused on xgrammar: a reason"]
+    assert json_semantics.format_unsupported(lowered, "llguidance") == []
+    assert entry.status("xgrammar") == "refused" and entry.status("llguidance") == "exact"
