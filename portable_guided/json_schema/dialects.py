@@ -63,7 +63,7 @@ def _same(form_: str, drafts: tuple[str, ...] = _ALL) -> dict[str, str]:
 #: map of subschemas that asserts nothing; references point into it), ``schema_or_list``
 #: (``items`` before 2020-12: a list is positional), ``schema_or_names`` (``dependencies``:
 #: a subschema or a list of property names per name), ``boolean`` (draft 4's exclusive
-#: bounds, read with ``maximum``/``minimum``), ``id`` / ``anchor`` / ``ref`` /
+#: bounds, read with ``maximum``/``minimum``; ``number`` later), ``id`` / ``anchor`` / ``ref`` /
 #: ``recursive_ref`` / ``recursive_anchor`` / ``dynamic_ref`` / ``dynamic_anchor`` (URI
 #: keywords), ``data`` (a JSON value that is data, never a schema), ``value`` (a number,
 #: string, bool or list of them, nothing to walk), ``annotation`` (asserts nothing),
@@ -116,8 +116,8 @@ KEYWORDS: dict[str, dict[str, str]] = {
     "multipleOf": _same("value"),
     "maximum": _same("value"),
     "minimum": _same("value"),
-    "exclusiveMaximum": {_D4: "boolean", **_same("value", _FROM6)},
-    "exclusiveMinimum": {_D4: "boolean", **_same("value", _FROM6)},
+    "exclusiveMaximum": {_D4: "boolean", **_same("number", _FROM6)},
+    "exclusiveMinimum": {_D4: "boolean", **_same("number", _FROM6)},
     "maxLength": _same("value"),
     "minLength": _same("value"),
     "pattern": _same("value"),
