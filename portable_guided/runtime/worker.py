@@ -74,6 +74,7 @@ def _fork_server(fd: int) -> None:
     conn = Connection(os.dup(fd))
     payloads, local_below_s = conn.recv()
     engines = _build_engines(payloads)
+    _warm(engines)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     conn.send(("ready", os.getpid()))
     while True:
@@ -155,6 +156,21 @@ def _build_engines(payloads: dict[str, Any]) -> dict[str, Any]:
     from .engines import engine_class
 
     return {name: engine_class(name).from_payload(payload) for name, payload in payloads.items()}
+
+
+def _warm(engines: dict[str, Any]) -> None:
+    """One small JSON compile per engine, so that every forked worker starts with the
+    engine's first-use work done (a first compile took over ``local_below_s`` in a fresh
+    worker and was shipped instead of recompiled)."""
+    from .engines import compile_checked
+    from .specs import GrammarSpec
+
+    spec = GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
+    for name, engine in engines.items():
+        try:
+            compile_checked(engine, spec)
+        except Exception as exc:  # noqa: BLE001 - a warm-up only; the real compile reports
+            log.info("engine %s not warmed in the fork server: %s", name, exc)
 
 
 def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
@@ -479,6 +495,9 @@ class WorkerPool:
         self._respawn_at = 0.0  # no start before this (monotonic) after a failed one
         # Writes of large jobs (rare); its thread starts at the first one.
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="pg-compile-send")
+        # Waits for killed workers to exit: a compile's memory takes up to a few hundred ms
+        # to free, which the reader (and the next deadline) must not wait for.
+        self._reaper = ThreadPoolExecutor(1, thread_name_prefix="pg-compile-reap")
         self.start_error: BaseException | None = None
         #: When the first worker became ready (monotonic), None before.
         self.ready_at: float | None = None
@@ -600,6 +619,7 @@ class WorkerPool:
         if threading.current_thread() is not self._reader:
             self._reader.join(timeout=10)
         self._sender.shutdown(wait=False)
+        self._reaper.shutdown(wait=True)
 
     def pids(self) -> list[int]:
         """Process ids of the live workers."""
@@ -813,7 +833,12 @@ class WorkerPool:
             self._all.discard(worker)
             if worker in self._idle:
                 self._idle.remove(worker)
-        worker.kill()
+        with contextlib.suppress(OSError):
+            worker.proc.kill()  # stopped now; its exit is waited for elsewhere
+        try:
+            self._reaper.submit(worker.kill)
+        except RuntimeError:  # closing
+            worker.kill()
         if replace:
             self._top_up()
         return job

@@ -40,6 +40,19 @@ def process_gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
+def wait_gone(pid: int, timeout_s: float = 5.0) -> bool:
+    """True once ``pid`` no longer runs, waiting up to ``timeout_s`` (a killed worker's exit
+    is waited for in the background: freeing a compile's memory takes a moment)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not process_gone(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def suite_dir():
     """The official JSON Schema Test Suite (draft 2020-12) from the shared data: beside the
     checkout (``../shared``), at ``/work/shared``, or where ``PORTABLE_GUIDED_JSON_SUITE``

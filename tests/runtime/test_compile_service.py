@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from runtime_helpers import cpu_seconds, process_gone
+from runtime_helpers import cpu_seconds, process_gone, wait_gone
 
 from portable_guided.runtime import (
     GrammarCompileError,
@@ -169,7 +169,7 @@ def test_pathological_spec_is_killed_while_others_decode(deepseek):
         assert elapsed <= 1.5 * limit, elapsed
         assert steps > 20
         assert len(cpu_seen) >= 2 and cpu_seen[-1] > cpu_seen[0]  # the worker was busy...
-        assert process_gone(pid)  # ...and is gone: its CPU time stopped
+        assert wait_gone(pid)  # ...and is gone: its CPU time stopped
         m = rt.metrics()
         assert m["compile_timeouts"] == 1 and m["workers_killed"] == 1
         # A replacement worker serves the next compile; the timed-out spec fails fast.
@@ -191,7 +191,9 @@ def test_worker_dies_with_its_parent(tmp_path):
         rt.compile(GrammarSpec.regex("a"), timeout=300)
         spec = GrammarSpec.json_schema(nested_any_of(10), validate=False)
         rt.compile_async(spec)
-        print(rt.worker_pids()[0], flush=True)
+        while not rt.worker_pids(busy=True):
+            time.sleep(0.01)
+        print(rt.worker_pids(busy=True)[0], flush=True)
         time.sleep(600)
     """)
     env = dict(os.environ, PYTHONPATH=os.getcwd())
