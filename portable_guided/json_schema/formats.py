@@ -54,7 +54,7 @@ class Format:
         return "exact" if self.exact else "subset"
 
 
-# -- building blocks (plain groups only: xgrammar reads `(?:` as a literal in some versions) --
+# -- building blocks (plain groups, classes and counts: what both engines read alike) --
 _ALNUM = "[a-zA-Z0-9]"
 _LDH = "[a-zA-Z0-9-]"
 _HEX = "[0-9a-fA-F]"
