@@ -211,7 +211,7 @@ def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, 
     finally:
         walker.close()
     return {"summary": summarize(per_schema, compile_times, mask_times, records=None),
-            "per_schema": per_schema}
+            "per_schema": per_schema, "mask_times": mask_times}
 
 
 def summarize(per_schema: list[dict[str, Any]], compile_times: list[float],

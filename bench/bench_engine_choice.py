@@ -1,0 +1,110 @@
+"""Which engine should be the default: every runtime engine mode and raw xgrammar (as vLLM
+calls it) on the same schemas, file by file in a new random mode order each file (so a
+machine that gets busier mid-run weighs on every mode alike).
+
+    python bench/bench_engine_choice.py --limit 25 --timeout 10 \\
+        --files ../shared/data/maskbench/*.jsonl /tmp/jsb/Github_hard.jsonl \\
+        /tmp/jsb/Github_ultra.jsonl --out bench/results/engine_choice_cpu.json
+
+Github_hard and Github_ultra are JSONSchemaBench collections outside the shared development
+split (guidance-ai/jsonschemabench, maskbench/data, commit ba103c73: one JSON file per
+schema, joined into one JSONL file per collection, as ``--jsb-dir`` does).
+
+Per mode: schemas passing every test, invalid instances accepted (0 required), compile time
+p50/p90/p99 over the compiled schemas and "ready" p50/p99 over all schemas (a time-out
+counted as the limit, what a request waits), mask time p50/p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from portable_guided.harness.maskbench import load_records, run_mode, summarize, write_results
+from portable_guided.runtime import load_tokenizer_info
+
+MODES = ("runtime:xgrammar", "runtime:llguidance", "runtime:auto", "raw:xgrammar")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--files", nargs="*", default=[])
+    ap.add_argument("--jsb-dir", help="a jsonschemabench checkout: add its Github_hard and "
+                    "Github_ultra collections (joined into JSONL under --work)")
+    ap.add_argument("--work", default="/tmp/engine_choice")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--limit", type=int, default=25, help="first N schemas of each file")
+    ap.add_argument("--timeout", type=float, default=10.0)
+    ap.add_argument("--tokenizer", default="deepseek")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    files = list(args.files)
+    if args.jsb_dir:
+        files += _join_jsb(Path(args.jsb_dir), Path(args.work))
+    modes = args.modes.split(",")
+    info = load_tokenizer_info(args.tokenizer)
+    rng = random.Random(args.seed)
+    per_mode: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    masks: dict[str, list[float]] = {m: [] for m in modes}
+    for path in files:
+        records = load_records([path], limit=args.limit)
+        order = modes[:]
+        rng.shuffle(order)
+        for mode in order:
+            result = run_mode(mode, records, info, timeout_s=args.timeout)
+            for row in result["per_schema"]:
+                row["file"] = Path(path).stem
+            per_mode[mode].extend(result["per_schema"])
+            masks[mode].extend(result["mask_times"])
+            print(f"{Path(path).stem:24s} {mode:20s} {result['summary']['passing']}/"
+                  f"{result['summary']['schemas']} passing", flush=True)
+    summaries = {m: _summary(rows, masks[m], args.timeout) for m, rows in per_mode.items()}
+    write_results(args.out, {"files": files, "limit_per_file": args.limit,
+                             "timeout_s": args.timeout, "tokenizer": args.tokenizer,
+                             "summary": summaries, "per_schema": per_mode})
+    for mode, s in summaries.items():
+        print(mode, json.dumps(s))
+
+
+def _summary(rows: list[dict[str, Any]], mask_times: list[float],
+             timeout_s: float) -> dict[str, Any]:
+    compiled = [r["compile_ms"] / 1e3 for r in rows if "compile_ms" in r]
+    out = summarize(rows, compiled, mask_times)
+    ready = [r["compile_ms"] / 1e3 if "compile_ms" in r
+             else timeout_s if r["status"] == "timeout" else 0.0 for r in rows]
+    out.update({f"ready_ms_p{q}": float(np.percentile(ready, q)) * 1e3 for q in (50, 90, 99)})
+    return out
+
+
+def _join_jsb(root: Path, work: Path) -> list[str]:
+    work.mkdir(parents=True, exist_ok=True)
+    names = subprocess.run(["git", "-C", str(root), "ls-tree", "-r", "--name-only", "HEAD",
+                            "maskbench/data"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    out = []
+    for collection in ("Github_hard", "Github_ultra"):
+        target = work / f"{collection}.jsonl"
+        with open(target, "w", encoding="utf-8") as fh:
+            for name in names:
+                base = name.rsplit("/", 1)[1]
+                if base.startswith(collection + "---"):
+                    rec = json.loads(subprocess.run(
+                        ["git", "-C", str(root), "show", f"HEAD:{name}"], capture_output=True,
+                        text=True, check=True).stdout)
+                    rec.setdefault("id", base.removesuffix(".json"))
+                    fh.write(json.dumps(rec) + "\n")
+        out.append(str(target))
+    return out
+
+
+if __name__ == "__main__":
+    main()
