@@ -38,20 +38,10 @@ __all__ = ["RUNTIME_CACHE_VERSION", "CompileService", "CompiledGrammar"]
 
 log = logging.getLogger(__name__)
 
-#: Bumped whenever the meaning of a cached grammar changes (part of the disk cache key).
-#: 2: checksummed entries; 3: empty languages refused; 4: lowering with sound subsets (a spec
-#: may compile to another grammar than before); 5: unevaluated* split by branches, object and
-#: array values as schemas on xgrammar; 6: xgrammar patterns rewritten (xgrammar_patterns) and
-#: multipleOf beside a range refused; 7-8: xgrammar length bounds as patterns, long repeats
-#: refused; 9: long length bounds as xgrammar's rule corrected, structural-tag schemas
-#: prepared as json_schema specs are; 10: `type` beside anyOf/oneOf/$ref refused on xgrammar
-#: (a cached grammar would keep accepting other types), oneOf of value lists as one enum;
-#: 11: our exact number-range and minLength rules in xgrammar's grammar, llguidance's range
-#: holes refused or filled; 12: one reader of plain number ranges (a bound that is not a
-#: finite number now leaves the node to the engines as written on llguidance too); 13: a
-#: oneOf split by type or distributed decides from the exact targets of its $refs (a
-#: narrowed target accepted objects the schema rejects).
-RUNTIME_CACHE_VERSION = "13"
+#: Bumped whenever the meaning of a cached grammar changes (part of the disk cache key); its
+#: history is in git (``git log -S RUNTIME_CACHE_VERSION``). 14: schemas of older drafts read
+#: under their own dialect, formats compiled as our own languages.
+RUNTIME_CACHE_VERSION = "14"
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
 #: receiving the worker's serialized grammar. Kept at 0.1 s by measurement (xgrammar 0.2.8,
