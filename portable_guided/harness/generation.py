@@ -528,6 +528,9 @@ def run_generation(items: Iterable[dict[str, Any]], walker: MaskWalker, *, walks
                                                   "first_wins_error": err[:300]})
                 continue
             keyword, error, fmt = bad
+            if keyword not in ("json", "utf-8") and _first_wins(raw.decode("utf-8"))[0]:
+                # (minProperties met only by counting a repeated name twice, say)
+                note = note or "the text repeats a property name (a parser keeps one)"
             if keyword in _NUMERIC and _decimal_valid(target, raw):
                 note = note or ("valid when numbers are read exactly (decimal), as the "
                                 "engines read them: the validator's binary floats decide it")
