@@ -99,3 +99,32 @@ def test_canary_keeps_sglang_result_and_restores(monkeypatch: pytest.MonkeyPatch
         assert getattr(restored, "__func__", restored) is ORIGINAL[hook]
     assert any("differs from SGLang's on 1 logits (rows [0])" in r.getMessage()
                for r in caplog.records)
+
+
+def test_sglangs_own_function_raising_restores_it_and_propagates(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """SGLang's error on a checked call is SGLang's behaviour: it reaches the caller, with
+    SGLang's function back in place and the logits untouched by ours."""
+    from sglang.srt.constrained import llguidance_backend
+    from sglang.srt.constrained.llguidance_backend import GuidanceGrammar
+
+    from portable_guided.integrations import sglang as plugin
+
+    def raising(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("SGLang's own failure")
+
+    caplog.set_level(logging.ERROR, logger="sglang.plugins.portable_guided")
+    with plugin_loaded(monkeypatch):
+        monkeypatch.setattr(llguidance_backend, "apply_token_bitmask_inplace", raising)
+        logits = random_logits(2, 640, torch.float32, seed=3)
+        before = logits.clone()
+        with pytest.raises(RuntimeError, match="SGLang's own failure"):
+            GuidanceGrammar.apply_vocab_mask(logits=logits,
+                                             vocab_mask=random_bitmask(2, 20, 0.5, seed=3))
+        assert torch.equal(logits, before)
+        assert "llguidance" not in plugin.taken_over() and "xgrammar" in plugin.taken_over()
+        restored = GuidanceGrammar.__dict__["apply_vocab_mask"]
+        assert getattr(restored, "__func__", restored) is ORIGINAL["llguidance"]
+    (error,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "llguidance apply_vocab_mask was not compared: SGLang's own function raised" in error
+    assert "(device cpu, torch.float32, 2-D, logits wider than mask: False)" in error

@@ -62,6 +62,12 @@ def log(monkeypatch) -> Iterator[Records]:
         assert v2_module.StructuredOutputsWorker.apply_grammar_bitmask is VLLM_V2
 
 
+def test_known_fingerprints_match_installed_vllm():
+    found = guard.current(VERSION)
+    assert found.values == guard.KNOWN[VERSION]
+    assert guard.match(found, "v1") == guard.match(found, "v2") == (VERSION, LAYOUT)
+
+
 def test_fingerprints_recognised_both_runners_taken_over(log):
     plug.register()
     assert plug.taken_over() == {"v1": VERSION, "v2": VERSION}
@@ -74,8 +80,7 @@ def test_fingerprints_recognised_both_runners_taken_over(log):
 
 
 def test_unknown_fingerprint_is_left_alone_with_one_warning(log, monkeypatch):
-    layout, known = guard.KNOWN[VERSION]
-    monkeypatch.setitem(guard.KNOWN, VERSION, (layout, {**known, "v2_apply": "0" * 16}))
+    monkeypatch.setitem(guard.KNOWN, VERSION, {**guard.KNOWN[VERSION], "v2_apply": "0" * 16})
     plug.register()
     assert plug.taken_over() == {"v1": VERSION}
     assert v2_module.StructuredOutputsWorker.apply_grammar_bitmask is VLLM_V2
@@ -156,6 +161,32 @@ def test_canary_checks_each_kind_once_then_stays_out_of_the_way(log):
     assert takeover.canary.seen == {"first", "speculative", "unconstrained"}
     assert 1 <= takeover.canary.checks <= 3 and not log.at(logging.ERROR)
     assert plug.taken_over()["v1"] == VERSION
+
+
+def test_vllms_own_function_raising_restores_it_and_propagates(log, monkeypatch):
+    """vLLM's error on a checked call is vLLM's behaviour: it reaches the caller, with vLLM's
+    function back in place (the plugin is out of the way for the rest of the process)."""
+    plug.register()
+
+    def raising(*args, **kwargs):
+        raise RuntimeError("vLLM's own failure")
+
+    # vLLM's own V1 apply ends in xgrammar's kernel: make that fail.
+    monkeypatch.setattr(vllm_utils, "xgr", SimpleNamespace(apply_token_bitmask_inplace=raising))
+    step = v1_step(random.Random(1), 256, 0, LAYOUT)
+    grammar_output = GrammarOutput(step["structured"], step["bitmask"],
+                                   [0] * len(step["structured"]))
+    logits = torch.randn(step["n_logits"], step["bitmask"].shape[1] * 32)
+    before = logits.clone()
+    with pytest.raises(RuntimeError, match="vLLM's own failure"):
+        vllm_utils.apply_grammar_bitmask(
+            SimpleNamespace(scheduled_spec_decode_tokens=step["spec_tokens"]), grammar_output,
+            SimpleNamespace(req_ids=step["batch"]), logits)
+    assert torch.equal(logits, before)  # ours did not run on them
+    (error,) = log.at(logging.ERROR)
+    assert "V1 grammar bitmask was not compared: vLLM's own function raised" in error
+    assert "v1" not in plug.taken_over() and vllm_utils.apply_grammar_bitmask is VLLM_V1
+    assert "v2" in plug.taken_over()  # the other runner is not concerned
 
 
 # --- the canary, V2 ---------------------------------------------------------------------

@@ -166,7 +166,8 @@ def _register_hooks(version: str, *, force: bool) -> None:
         if isinstance(raw, staticmethod) != static or raw is None:
             refused.append(f"{target}: not a{' static' if static else 'n instance'} method")
             continue
-        verified = guard.match(found, hook)
+        build = guard.GUARD.match(found, hook)
+        verified = build is not None
         if not verified and not force:
             refused.append(f"{hook}: {guard.mismatches(found, hook)}")
             continue
@@ -176,9 +177,10 @@ def _register_hooks(version: str, *, force: bool) -> None:
                 "%s). Masks may be WRONG; the first calls of each kind are checked against "
                 "SGLang's own function.", ENV_ENABLE, target, version,
                 guard.mismatches(found, hook), ", ".join(guard.KNOWN))
-        takeover = guard.Takeover(hook, target, getattr(raw, "__func__", raw), static,
-                                  forced=not verified)
-        takeover.canary = guard.Canary(hook, lambda h=hook: _restore(h))  # type: ignore[misc]
+        takeover = guard.Takeover(name=hook, target=target, static=static,
+                                  original=getattr(raw, "__func__", raw),
+                                  build=build if build is not None else guard.FORCED)
+        takeover.canary = guard.canary(hook, lambda h=hook: _restore(h))  # type: ignore[misc]
         apply.TAKEOVERS[hook] = takeover
         HookRegistry.register(target, replacement, HookType.REPLACE)
         taken.append(hook)

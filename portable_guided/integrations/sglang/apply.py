@@ -127,7 +127,7 @@ def _run(hook: str, logits: Any, vocab_mask: Any, ours: Any, theirs: Any) -> Non
     if canary is not None and not canary.tripped:
         kind = kind_of(logits, vocab_mask)
         if kind not in canary.seen:
-            canary.check(logits, kind, lambda out: ours(out, vocab_mask), theirs(takeover))
+            canary.check(logits, (kind,), lambda out: ours(out, vocab_mask), theirs(takeover))
             return
     ours(logits, vocab_mask)
 

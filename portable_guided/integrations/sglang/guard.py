@@ -1,4 +1,8 @@
-"""Why the SGLang plugin never applies a wrong mask: fingerprints before patching, a canary after.
+"""Why the SGLang plugin never applies a wrong mask: SGLang's data for the shared guard.
+
+The fingerprints, the matching and the canary are :mod:`portable_guided.integrations._guard`'s,
+shared by every engine plugin; this module says which SGLang functions they cover, holds the
+fingerprints of every verified build and describes an SGLang call (:func:`kind_of`).
 
 **Fingerprints.** Each hook replaces one SGLang ``apply_vocab_mask`` and reproduces what it
 does with the mask that SGLang's own ``allocate_vocab_mask`` and fill produce (the layout),
@@ -11,7 +15,8 @@ anyway, loudly).
 **Canary.** The first call of each kind (device type, dtype, rank, and whether the logits
 are wider than the mask) of each hook also runs SGLang's own function on a copy of the
 logits and compares exactly. On any difference: an error in the log, SGLang's result for
-that batch and SGLang's function back in place for the rest of the process. Where SGLang's
+that batch and SGLang's function back in place for the rest of the process; if SGLang's own
+function raises, it is put back too and its error propagates. Where SGLang's
 own function cannot run (the static ``XGrammarGrammarBackend.apply_vocab_mask`` raises
 ``Unsupported device: cpu``), the reference is SGLang's CPU path of the same mask format
 (``XGrammarGrammar.apply_vocab_mask``: xgrammar's CPU kernel) on a CPU copy.
@@ -20,15 +25,24 @@ own function cannot run (the static ``XGrammarGrammarBackend.apply_vocab_mask`` 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from ..vllm.guard import describe_difference, fingerprint
+from .. import _guard
+from .._guard import (
+    FORCED,
+    Canary,
+    EngineGuard,
+    Fingerprints,
+    describe_difference,
+    fingerprint,
+    same,
+)
 
-__all__ = ["FUNCTIONS", "HOOK_FUNCTIONS", "KNOWN", "Canary", "Kind", "Takeover", "current",
-           "fingerprint", "kind_of", "match", "mismatches", "same"]
+__all__ = ["FORCED", "FUNCTIONS", "GUARD", "HOOK_FUNCTIONS", "KNOWN", "Canary", "Fingerprints",
+           "Kind", "Takeover", "canary", "current", "describe_difference", "fingerprint", "kind_of",
+           "match", "mismatches", "same"]
 
 logger = logging.getLogger("sglang.plugins.portable_guided")
 
@@ -86,77 +100,6 @@ KNOWN: dict[str, dict[str, str | None]] = {
 }
 
 
-@dataclass(frozen=True)
-class Fingerprints:
-    """The fingerprints of one installed SGLang; ``None`` for functions it lacks."""
-
-    version: str
-    values: dict[str, str | None] = field(default_factory=dict)
-
-
-def _resolve(module_name: str, qualname: str) -> Any:
-    import importlib
-    import inspect
-
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError:
-        return None
-    for part in qualname.split("."):
-        # Through __dict__ where possible: a staticmethod stays a plain function and a
-        # property is found (its getter is fingerprinted).
-        raw = (obj.__dict__.get(part) if inspect.isclass(obj) else None)
-        obj = raw if raw is not None else getattr(obj, part, None)
-        if obj is None:
-            return None
-        if isinstance(obj, (staticmethod, classmethod)):
-            obj = obj.__func__
-        elif isinstance(obj, property):
-            obj = obj.fget
-    return obj
-
-
-def current(version: str, originals: dict[str, Any] | None = None) -> Fingerprints:
-    """Fingerprints of the installed SGLang. ``originals`` overrides a function by name
-    (SGLang's own, when ours is installed already)."""
-    values: dict[str, str | None] = {}
-    for name, (module_name, qualname) in FUNCTIONS.items():
-        obj = (originals or {}).get(name) or _resolve(module_name, qualname)
-        obj = getattr(obj, "__wrapped__", obj)
-        try:
-            values[name] = None if obj is None else fingerprint(obj)
-        except (OSError, TypeError):  # no source (compiled, or built at run time)
-            values[name] = "no-source"
-    return Fingerprints(version, values)
-
-
-def match(found: Fingerprints, hook: str) -> bool:
-    """Whether every function ``hook`` relies on matches the verified build of
-    ``found``'s version (an unknown version never matches)."""
-    known = KNOWN.get(found.version.split("+")[0])
-    return known is not None and all(
-        found.values.get(n) is not None and found.values.get(n) == known.get(n)
-        for n in HOOK_FUNCTIONS[hook])
-
-
-def mismatches(found: Fingerprints, hook: str) -> str:
-    """Why ``hook`` matches no verified build, for the warning."""
-    known = KNOWN.get(found.version.split("+")[0])
-    if known is None:
-        return f"SGLang {found.version} is not a verified build"
-    differ = [n for n in HOOK_FUNCTIONS[hook] if found.values.get(n) != known.get(n)]
-    named = ", ".join(f"{FUNCTIONS[n][0]}.{FUNCTIONS[n][1]}" for n in differ)
-    return f"the source of {named} differs from the verified {found.version}"
-
-
-def same(a: Any, b: Any) -> bool:
-    """Exact equality of two logits tensors, NaN equal to NaN."""
-    import torch
-
-    return bool(torch.equal(a, b) or torch.equal(a.isnan(), b.isnan())
-                and torch.equal(a.nan_to_num(0.0, 1.0, -1.0), b.nan_to_num(0.0, 1.0, -1.0)))
-
-
 Kind = tuple[str, Any, int, bool]
 
 
@@ -168,76 +111,46 @@ def kind_of(logits: Any, vocab_mask: Any) -> Kind:
             logits.shape[-1] > 32 * vocab_mask.shape[-1])
 
 
-class Canary:
-    """Compares one hook with SGLang's own function on the first call of each kind.
-
-    ``restore`` puts SGLang's function back (called once, on the first difference).
-    """
-
-    def __init__(self, hook: str, restore: Callable[[], None]) -> None:
-        self.hook = hook
-        self.restore = restore
-        self.seen: set[Kind] = set()
-        self.tripped = False
-        self.checks = 0
-        self._lock = threading.Lock()
-
-    def due(self, kind: Kind) -> bool:
-        """Whether this kind of call has not been checked yet (host metadata only)."""
-        return not self.tripped and kind not in self.seen
-
-    def check(
-        self,
-        logits: Any,
-        kind: Kind,
-        ours: Callable[[Any], None],
-        theirs: Callable[[Any], None],
-    ) -> bool:
-        """Run ``theirs`` on a copy and ``ours`` on ``logits``; on a difference keep
-        SGLang's logits, restore SGLang's function and return False. An exception from
-        ``theirs`` is SGLang's own behaviour: it propagates, with SGLang's function back."""
-        with self._lock:
-            reference = logits.clone()
-            self.seen.add(kind)
-            self.checks += 1
-            try:
-                theirs(reference)
-            except Exception:
-                self._trip("SGLang's own function raised on this input (its error follows)",
-                           kind)
-                raise
-            try:
-                ours(logits)
-            except Exception as exc:  # noqa: BLE001 - ours failing is a difference too
-                what = f"raised {type(exc).__name__}: {exc}"
-            else:
-                if same(logits, reference):
-                    return True
-                what = describe_difference(logits, reference, "SGLang's")
-            logits.copy_(reference)
-            self._trip(what, kind)
-            return False
-
-    def _trip(self, what: str, kind: Kind) -> None:
-        logger.error(
-            "portable_guided's %s apply_vocab_mask %s (device %s, %s, %d-D, logits wider "
-            "than mask: %s): SGLang's result is used for this batch and SGLang's own "
-            "function is restored for the rest of this process. Please report this with "
-            "your SGLang version.", self.hook, what, *kind)
-        self.tripped = True
-        self.restore()
+def _describe(call: frozenset[Any]) -> str:
+    return "; ".join(f"device {device}, {dtype}, {rank}-D, logits wider than mask: {wider}"
+                     for device, dtype, rank, wider in call)
 
 
-@dataclass
-class Takeover:
-    """One hook installed: SGLang's function it replaced and its canary."""
+#: SGLang's fingerprints and canary wording, for :mod:`portable_guided.integrations._guard`.
+GUARD = EngineGuard("SGLang", logger, FUNCTIONS, HOOK_FUNCTIONS, KNOWN, "apply_vocab_mask",
+                    _describe)
 
-    hook: str
+
+def current(version: str, originals: dict[str, Any] | None = None) -> Fingerprints:
+    """Fingerprints of the installed SGLang. ``originals`` overrides a function by name
+    (SGLang's own, when ours is installed already)."""
+    return GUARD.current(version, originals)
+
+
+def match(found: Fingerprints, hook: str) -> bool:
+    """Whether every function ``hook`` relies on matches the verified build of
+    ``found``'s version (an unknown version never matches)."""
+    return GUARD.match(found, hook) is not None
+
+
+def mismatches(found: Fingerprints, hook: str) -> str:
+    """Why ``hook`` matches no verified build, for the warning."""
+    return GUARD.mismatches(found, hook)
+
+
+def canary(hook: str, restore: Callable[[], None]) -> Canary:
+    """The canary of one hook; ``restore`` puts SGLang's function back. A call's kinds are
+    ``(kind_of(logits, vocab_mask),)``."""
+    return Canary(GUARD, hook, restore)
+
+
+@dataclass(kw_only=True)
+class Takeover(_guard.Takeover):
+    """One hook installed (:attr:`name`): the ``HookRegistry`` target and whether SGLang's
+    function is a ``staticmethod``, besides SGLang's function, the build and the canary."""
+
     target: str
-    original: Callable[..., Any]
     static: bool
-    forced: bool = False
-    canary: Canary | None = None
 
 
 def _main() -> None:  # pragma: no cover - a maintainer's tool

@@ -140,7 +140,7 @@ def _take_over(version: str, *, force: bool) -> None:
             refused.append(f"{_RUNNER_NAMES[runner]}: {guard.mismatches(found, runner)}")
             continue
         if matched is None:
-            build, layout = "forced", guard.layout_for_version(version)
+            build, layout = guard.FORCED, guard.layout_for_version(version)
             logger.warning(
                 "PORTABLE_GUIDED_VLLM=force: portable_guided takes over %s of vLLM %s although "
                 "%s (verified: %s); assuming the %s bitmask layout. Masks may be WRONG; the "
@@ -150,7 +150,8 @@ def _take_over(version: str, *, force: bool) -> None:
             )
         else:
             build, layout = matched
-        _install(runner, original, guard.Takeover(runner, build, layout, original))
+        _install(runner, original,
+                 guard.Takeover(name=runner, build=build, layout=layout, original=original))
         logger.info(
             "portable_guided took over vLLM %s's grammar bitmask application in %s "
             "(%s, %s layout; pid %d)", version, _RUNNER_NAMES[runner],
@@ -192,7 +193,7 @@ def _vllm_function(runner: str) -> tuple[Any, str]:
 def _install(runner: str, original: Any, takeover: Any) -> None:
     from . import apply, guard, v2
 
-    takeover.canary = guard.Canary(runner, lambda: _restore_from_canary(runner))
+    takeover.canary = guard.canary(runner, lambda: _restore_from_canary(runner))
     _takeovers[runner] = takeover
     if runner == "v1":
         apply.TAKEOVER = takeover

@@ -22,7 +22,7 @@ import numpy as np
 
 from ...apply import apply_token_mask
 from ...registry import resolve
-from .guard import Takeover, layout_for_version
+from .guard import Takeover, kinds, layout_for_version
 from .rows import v1_rows
 
 __all__ = ["TAKEOVER", "apply_grammar_bitmask", "apply_v1", "grammar_rows"]
@@ -80,14 +80,14 @@ def apply_grammar_bitmask(
         n_constrained = sum(1 + len(spec_tokens.get(r, ())) for r in set(structured)
                             & set(input_batch.req_ids))
         unconstrained = n_constrained < int(logits.shape[0])
-        if canary.due(speculative, unconstrained):
+        call = kinds(speculative, unconstrained)
+        if canary.due(call):
             canary.check(
-                logits,
+                logits, call,
                 lambda out: apply_v1(scheduler_output, grammar_output, input_batch, out,
                                      takeover.layout),
                 lambda out: takeover.original(scheduler_output, grammar_output, input_batch,
                                               out),
-                speculative, unconstrained,
             )
             return
     apply_v1(scheduler_output, grammar_output, input_batch, logits, takeover.layout)

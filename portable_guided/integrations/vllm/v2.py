@@ -27,7 +27,7 @@ import numpy as np
 
 from ...apply import apply_token_mask
 from .apply import apply_rows, finish_apply
-from .guard import Takeover, layout_for_version, reference_v2_apply
+from .guard import Takeover, kinds, layout_for_version, reference_v2_apply
 from .rows import v2_keys, v2_rows
 
 __all__ = ["TAKEOVER", "apply_grammar_bitmask", "apply_v2", "vllm_keys"]
@@ -140,14 +140,14 @@ def apply_grammar_bitmask(
             getattr(input_batch, "num_draft_tokens", 0) or 0) > 0
         unconstrained = len(set(grammar_req_ids) & set(input_batch.req_ids)) < len(
             input_batch.req_ids)
-        if canary.due(speculative, unconstrained):
+        call = kinds(speculative, unconstrained)
+        if canary.due(call):
             canary.check(
-                logits,
+                logits, call,
                 lambda out: apply_v2(self, out, input_batch, grammar_req_ids, grammar_bitmask,
                                      takeover.layout),
                 lambda out: _vllms_v2(takeover, self, out, input_batch, grammar_req_ids,
                                       grammar_bitmask),
-                speculative, unconstrained,
             )
             return
     apply_v2(self, logits, input_batch, grammar_req_ids, grammar_bitmask, takeover.layout)
