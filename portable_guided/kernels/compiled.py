@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..validation import MaskPlan
-from .host import NEG_INF_BITS, THREADS_ENV_VAR, _run_split, _split_rows, _threads
+from .host_common import NEG_INF_BITS, THREADS_ENV_VAR, _run_split, _split_rows, _threads
 
 __all__ = ["KERNEL_ENV_VAR", "available", "apply_compiled", "apply_plain_torch", "describe"]
 

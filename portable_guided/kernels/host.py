@@ -33,20 +33,23 @@ many NumPy threads for every framework instead.
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from ..dlpack import host_array, host_bits, host_int32
 from ..validation import MaskPlan
+from .host_common import (
+    NEG_INF_BITS,
+    PARALLEL_MIN_BYTES,
+    THREADS_ENV_VAR,
+    _run_split,
+    _split_rows,
+    _threads,
+)
 
 __all__ = ["apply_host", "apply_host_arrays", "NEG_INF_BITS"]
 
-# Bit pattern of -inf per logits dtype.
-NEG_INF_BITS = {"float32": 0xFF800000, "float16": 0xFC00, "bfloat16": 0xFF80}
 
 # A row with at most width / SPARSE_RATIO allowed tokens takes the fill-and-restore path.
 SPARSE_RATIO = 16
@@ -68,53 +71,7 @@ _xgrammar_checked = False
 
 _ALL_ONES = np.uint32(0xFFFFFFFF)
 
-# NumPy releases the GIL in fills and ufunc loops, so a few threads reach the memory bandwidth
-# that one core cannot. Work smaller than this many bytes stays on the calling thread.
-THREADS_ENV_VAR = "PORTABLE_GUIDED_CPU_THREADS"
-PARALLEL_MIN_BYTES = 4 << 20
-
-# Read once: os.cpu_count() costs several microseconds, paid on every call otherwise.
-_DEFAULT_THREADS = min(4, os.cpu_count() or 1)
-
-_pool: ThreadPoolExecutor | None = None
 _compiled: Any = None  # kernels/compiled.py, imported on the first call
-_pool_size = 0
-_pool_lock = threading.Lock()
-
-
-def _threads() -> int:
-    value = os.environ.get(THREADS_ENV_VAR)
-    if value:
-        try:
-            return max(1, int(value))
-        except ValueError:
-            raise ValueError(f"{THREADS_ENV_VAR} must be an integer, got {value!r}") from None
-    return _DEFAULT_THREADS
-
-
-def _run_split(work: Callable[[Any], None], parts: Sequence[Any], nbytes: int) -> None:
-    """Run ``work`` on each part, on the kernel's threads when the job is large enough."""
-    global _pool, _pool_size
-    threads = min(_threads(), len(parts))
-    if threads <= 1 or nbytes < PARALLEL_MIN_BYTES:
-        for part in parts:
-            work(part)
-        return
-    with _pool_lock:  # kernels may run on several engine threads at once
-        if _pool_size < threads:  # grows when the setting grows
-            _pool = ThreadPoolExecutor(threads, thread_name_prefix="portable-guided-cpu")
-            _pool_size = threads
-        pool = _pool
-    assert pool is not None  # for mypy: created above
-    for _ in pool.map(work, parts):  # consume: re-raises a worker's exception
-        pass
-
-
-def _split_rows(start: int, stop: int, pieces: int) -> list[tuple[int, int]]:
-    if pieces <= 1 or stop - start <= 1:
-        return [(start, stop)]
-    bounds = np.linspace(start, stop, min(pieces, stop - start) + 1).astype(int)
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def apply_host(logits: Any, bitmask: Any, plan: MaskPlan) -> Any:
@@ -123,7 +80,7 @@ def apply_host(logits: Any, bitmask: Any, plan: MaskPlan) -> Any:
     Uses the compiled kernel (``kernels/compiled.py``) where it is built, else NumPy."""
     global _compiled
     if _compiled is None:
-        from . import compiled as _compiled  # it imports this module: not at the top
+        from . import compiled as _compiled  # loads the extension: not at import time
     if _compiled.available():
         array, words = host_array(logits, plan.framework, plan.dtype), host_int32(bitmask)
         # The compiled kernel walks contiguous columns; other layouts take the NumPy kernel.

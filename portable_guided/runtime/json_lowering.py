@@ -38,6 +38,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from ..json_schema.errors import EmptyLanguage
 from ..json_schema.formats import FORMATS
 
 __all__ = ["engine_schema_text", "lower", "refuse_unsatisfiable", "unsound", "value_types",
@@ -162,8 +163,6 @@ def refuse_unsatisfiable(text: str) -> None:
     ``text`` is ``false``: the schema accepts no JSON value (``allOf`` with ``false``, ``not:
     {}``, a ``oneOf`` of equal branches), so a request could produce nothing."""
     if text.strip() == "false":
-        from .engines.base import EmptyLanguage
-
         raise EmptyLanguage("the grammar accepts no output at all: the schema accepts no "
                             "JSON value (it is unsatisfiable)")
 

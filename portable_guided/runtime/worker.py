@@ -887,15 +887,16 @@ class WorkerPool:
                                          <= now):
                     stranded.append(self._waiting.popleft())
         for worker in late:
-            job = self._retire(worker)
-            if job is None:
+            killed = self._retire(worker)
+            if killed is None:
                 continue
             if self._on_kill is not None:
                 self._on_kill()
-            _deliver(job, GrammarTimeout(
-                f"compile exceeded its time limit of {job.timeout_s:g} s (counted from "
-                f"submission); worker killed after {now - job.started_at:.2f} s of compiling, "
-                f"{job.started_at - job.queued_at:.2f} s after waiting", engine=job.engine))
+            _deliver(killed, GrammarTimeout(
+                f"compile exceeded its time limit of {killed.timeout_s:g} s (counted from "
+                f"submission); worker killed after {now - killed.started_at:.2f} s of "
+                f"compiling, {killed.started_at - killed.queued_at:.2f} s after waiting",
+                engine=killed.engine))
         for job in expired:
             _deliver(job, GrammarTimeout(
                 f"compile waited its whole time limit of {job.timeout_s:g} s for a free "

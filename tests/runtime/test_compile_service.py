@@ -90,9 +90,10 @@ def test_failures_cached_with_reason(rt):
 
 
 def test_auto_falls_back(deepseek):
-    spec = GrammarSpec.json_schema({"type": "string", "format": "uri-reference"})
+    spec = GrammarSpec.json_schema({"type": "object",
+                                    "propertyNames": {"type": "string", "maxLength": 3}})
     with GrammarRuntime(deepseek, "auto", compile_timeout_s=None) as rt:
-        req = rt.new_request(spec).wait(60)  # llguidance: "Unknown format: uri-reference"
+        req = rt.new_request(spec).wait(60)  # llguidance: "Unimplemented keys: [\"propertyNames\"]"
         assert req.engine_name == "xgrammar" and rt.metrics()["engine_fallbacks"] == 1
         assert rt.new_request(GrammarSpec.regex("[ab]+")).wait(60).engine_name == "llguidance"
         both_fail = rt.new_request(GrammarSpec.ebnf('root ::= "a" nope')).wait(60)

@@ -11,7 +11,8 @@ from portable_guided.runtime import GrammarRuntime, GrammarSpec
 
 def test_fallback_and_rejection_are_logged(deepseek, caplog):
     caplog.set_level(logging.INFO, logger="portable_guided")
-    spec = GrammarSpec.json_schema({"type": "string", "format": "uri-reference"})
+    spec = GrammarSpec.json_schema({"type": "object",
+                                    "propertyNames": {"type": "string", "maxLength": 3}})
     with GrammarRuntime(deepseek, "auto", compile_timeout_s=None) as rt:
         req = rt.new_request(spec, on_error="reject").wait(60)
         assert req.engine_name == "xgrammar"
@@ -19,7 +20,7 @@ def test_fallback_and_rejection_are_logged(deepseek, caplog):
     messages = [(r.levelname, r.name, r.getMessage()) for r in caplog.records]
     failed = [m for m in messages if "did not compile" in m[2]]
     assert len(failed) == 1 and failed[0][0] == "INFO" and "[llguidance]" in failed[0][2]
-    assert "Unknown format: uri-reference" in failed[0][2]
+    assert "propertyNames" in failed[0][2]
     assert any(m[0] == "INFO" and "falling back to engine xgrammar" in m[2] for m in messages)
     rejected = [m for m in messages if "grammar rejected a token" in m[2]]
     assert len(rejected) == 1 and "on_error=reject" in rejected[0][2]

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ...json_schema.errors import EmptyLanguage
 from ..specs import GrammarSpec
 
 if TYPE_CHECKING:
@@ -61,11 +62,6 @@ def foreign_matcher(engine: str, matcher: object) -> NoReturn:
 
 class UnsupportedSpec(Exception):
     """The engine cannot express this kind of spec (``auto`` then tries the other engine)."""
-
-
-class EmptyLanguage(ValueError):
-    """The compiled grammar accepts no output at all (e.g. ``{"$ref": "#"}``): a request
-    could produce nothing, so the compile fails instead of serving an empty mask."""
 
 
 def first_line(text: str, limit: int = 300) -> str:
