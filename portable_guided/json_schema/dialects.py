@@ -17,7 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DIALECTS", "KEYWORDS", "LATEST", "Dialect", "dialect_of", "dialect_named", "form"]
+__all__ = ["DATA_KEYWORDS", "DIALECTS", "KEYWORDS", "LATEST", "SCHEMA_LIST_KEYWORDS",
+           "SCHEMA_MAP_KEYWORDS", "SUBSCHEMA_KEYWORDS", "Dialect", "dialect_of", "dialect_named",
+           "form"]
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,25 @@ KEYWORDS: dict[str, dict[str, str]] = {
     "contentEncoding": {_D7: "content", **_same("annotation", _FROM19)},
     "contentMediaType": {_D7: "content", **_same("annotation", _FROM19)},
 }
+
+
+def _in_forms(*forms: str, but: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Keywords that take one of ``forms`` in some draft, in the table's order."""
+    return tuple(k for k, by_draft in KEYWORDS.items()
+                 if k not in but and not set(by_draft.values()).isdisjoint(forms))
+
+
+# What a walker of schemas (of any draft) needs, read from the table above.
+#: Keywords whose value is one subschema (``items`` also a list before 2020-12;
+#: ``contentSchema`` only annotates: not walked).
+SUBSCHEMA_KEYWORDS = _in_forms("schema", "schema_or_list", but=("contentSchema",))
+#: Keywords whose value is a list of subschemas.
+SCHEMA_LIST_KEYWORDS = _in_forms("schemas")
+#: Keywords whose value maps names (the user's) to subschemas (``dependencies``: or to
+#: lists of names).
+SCHEMA_MAP_KEYWORDS = _in_forms("schema_map", "container", "schema_or_names")
+#: Keywords whose value is data, never a schema.
+DATA_KEYWORDS = _in_forms("data")
 
 
 def form(keyword: str, dialect: Dialect) -> str | None:

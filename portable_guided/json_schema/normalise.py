@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .dialects import KEYWORDS, LATEST, Dialect, dialect_named, form
+from .pointers import escape_pointer, unescape_pointer
 
 __all__ = ["check_nested_dialects", "normalise"]
 
@@ -104,7 +105,7 @@ def _error(message: str, pointer: str) -> Exception:
 
 
 def _pointer(path: Path) -> str:
-    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
+    return "".join("/" + escape_pointer(p) for p in path)
 
 
 class _Walk:
@@ -330,7 +331,7 @@ class _Walk:
         if root is None:
             return  # not in this document: the runtime refuses it
         tokens = urllib.parse.unquote(fragment).split("/")[1:] if fragment else []
-        path = root[0] + tuple(t.replace("~1", "/").replace("~0", "~") for t in tokens)
+        path = root[0] + tuple(unescape_pointer(t) for t in tokens)
         moved = self._where(path, old)
         if moved[:len(root[1])] != root[1]:
             raise self.fail(old + ("$ref",), f"$ref {ref!r:.100} leaves its resource")

@@ -38,20 +38,27 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from ..json_schema.dialects import (
+    DATA_KEYWORDS,
+    SCHEMA_LIST_KEYWORDS,
+    SCHEMA_MAP_KEYWORDS,
+    SUBSCHEMA_KEYWORDS,
+)
 from ..json_schema.errors import EmptyLanguage
 from ..json_schema.formats import FORMATS
+from ..json_schema.pointers import escape_pointer, unescape_pointer
+from ..json_schema.values import has_type
 
 __all__ = ["engine_schema_text", "lower", "refuse_unsatisfiable", "unsound", "value_types",
            "xgrammar_escapes"]
 
 _log = logging.getLogger(__name__)
 
-_SUB = ("additionalProperties", "items", "contains", "not", "if", "then", "else",
-        "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems")
-_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
-         "dependencies")
-_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_DATA = ("enum", "const", "default", "examples")
+# Where subschemas are, from the one keyword table (json_schema/dialects.py).
+_SUB = SUBSCHEMA_KEYWORDS
+_MAPS = SCHEMA_MAP_KEYWORDS
+_LISTS = SCHEMA_LIST_KEYWORDS
+_DATA = DATA_KEYWORDS
 
 _TYPES = ("null", "boolean", "object", "array", "string", "number")
 _NUMBER_KW = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
@@ -373,14 +380,13 @@ def _walk(node: Any, pointer: str = "") -> Iterator[tuple[str, Any]]:
             yield from _walk(sub, p)
 
 
-def _esc(part: Any) -> str:
-    return str(part).replace("~", "~0").replace("/", "~1")
+_esc = escape_pointer
 
 
 def _get(doc: Any, pointer: str) -> Any:
     node = doc
     for raw in pointer.split("/")[1:]:
-        part = raw.replace("~1", "/").replace("~0", "~")
+        part = unescape_pointer(raw)
         if isinstance(node, list):
             node = node[int(part)]
         elif isinstance(node, Mapping):
@@ -1532,18 +1538,7 @@ def _key(v: Any) -> str:
     return json.dumps(norm(v), sort_keys=True)
 
 
-def _has_type(v: Any, types: set[str]) -> bool:
-    if isinstance(v, bool):
-        return "boolean" in types
-    if v is None:
-        return "null" in types
-    if isinstance(v, (int, float)):
-        return "number" in types or ("integer" in types and float(v).is_integer())
-    if isinstance(v, str):
-        return "string" in types
-    if isinstance(v, list):
-        return "array" in types
-    return "object" in types
+_has_type = has_type
 
 
 _MAX = ("maximum", "maxLength", "maxItems", "maxProperties", "maxContains")

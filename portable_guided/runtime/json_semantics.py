@@ -25,7 +25,15 @@ from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
+from ..json_schema.dialects import (
+    DATA_KEYWORDS,
+    SCHEMA_LIST_KEYWORDS,
+    SCHEMA_MAP_KEYWORDS,
+    SUBSCHEMA_KEYWORDS,
+)
 from ..json_schema.formats import FORMATS
+from ..json_schema.pointers import escape_pointer
+from ..json_schema.values import has_type
 from .json_lowering import value_types
 from .xgrammar_patterns import (
     LARGEST_JSON_REPEAT,
@@ -40,11 +48,11 @@ __all__ = ["format_unsupported", "length_pattern", "llguidance_exact_numbers",
            "node_patterns", "strict_schema", "xgrammar_exact_strings", "xgrammar_open_schema", "xgrammar_strict_schema",
            "xgrammar_unsupported"]
 
-# Keywords whose values are subschemas, maps of subschemas, or lists of subschemas.
-_SCHEMA_KEYS = ("additionalProperties", "additionalItems", "items", "contains", "not", "if",
-                "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
-_MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_LIST_KEYS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+# Keywords whose values are subschemas, maps of subschemas, or lists of subschemas (from the
+# one keyword table, json_schema/dialects.py; ``items`` may be a list before 2020-12).
+_SCHEMA_KEYS = SUBSCHEMA_KEYWORDS
+_MAP_KEYS = SCHEMA_MAP_KEYWORDS
+_LIST_KEYS = (*SCHEMA_LIST_KEYWORDS, "items")
 
 #: Keywords xgrammar 0.2.8 (non-strict) accepts but does not enforce (checked one by one in
 #: tests/runtime/test_json_semantics.py): a schema using them is refused.
@@ -67,8 +75,6 @@ ANNOTATIONS = frozenset((
 
 _RANGE_KEYS = frozenset(("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"))
 
-_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string",
-               type(None): "null", list: "array", dict: "object"}
 
 #: The pattern of each format's language (``json_schema.formats``) to its entry: the
 #: lowering put it in place of ``format``, and an engine the entry refuses refuses it.
@@ -349,17 +355,14 @@ def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterat
         yield "enum/const values outside the declared type: xgrammar ignores the type"
 
 
-def _has_type(value: Any, types: list[Any]) -> bool:
-    kind = _JSON_TYPES.get(type(value))
-    return kind in types or (kind == "integer" and "number" in types) or (
-        kind == "number" and "integer" in types and float(value).is_integer())
+_has_type = has_type
 
 
 def _children_mapped(schema: Mapping[str, Any], fn: Any) -> dict[str, Any]:
     """A copy of ``schema`` with ``fn`` applied to each subschema (data values left alone)."""
     out: dict[str, Any] = {}
     for key, value in schema.items():
-        if key in ("enum", "const", "default", "examples"):
+        if key in DATA_KEYWORDS:
             out[key] = value
         elif key in _MAP_KEYS and isinstance(value, Mapping):
             out[key] = {k: fn(v) for k, v in value.items()}
@@ -538,5 +541,4 @@ def xgrammar_exact_strings(schema: Any) -> tuple[Any, list[str]]:
     return walk(schema), bad
 
 
-def _escape(part: Any) -> str:
-    return str(part).replace("~", "~0").replace("/", "~1")
+_escape = escape_pointer

@@ -18,6 +18,8 @@ from typing import Any
 # Modules, not names: the front end imports .errors, which may be what is importing us.
 from ..json_schema import dialects as _dialects
 from ..json_schema import normalise as _normalise
+from ..json_schema.dialects import DATA_KEYWORDS, SCHEMA_MAP_KEYWORDS
+from ..json_schema.pointers import escape_pointer
 from .errors import GrammarSpecError
 from .meta_fast import proves_valid
 
@@ -403,10 +405,9 @@ def _validate_meta(schema: Any, base: str) -> None:
 
 
 #: Keywords whose values are data, never schemas: a ``$ref`` inside them is not a reference.
-_DATA_KEYWORDS = frozenset(("enum", "const", "default", "examples"))
+_DATA_KEYWORDS = frozenset(DATA_KEYWORDS)
 #: Keywords whose values map names (chosen by the user) to schemas.
-_NAMED_SCHEMA_KEYWORDS = frozenset(("properties", "patternProperties", "$defs", "definitions",
-                                    "dependentSchemas", "dependencies"))
+_NAMED_SCHEMA_KEYWORDS = frozenset(SCHEMA_MAP_KEYWORDS)
 #: The base URI of a schema without ``$id``: references resolve against it, and nothing can
 #: be fetched from it.
 _LOCAL_BASE = "https://portable-guided.invalid/root.json"
@@ -451,5 +452,4 @@ def _iter_refs(node: Any, pointer: str) -> Iterator[tuple[str, str, Any]]:
                 stack.append((value, child, base))
 
 
-def _escape(part: Any) -> str:
-    return str(part).replace("~", "~0").replace("/", "~1")
+_escape = escape_pointer
