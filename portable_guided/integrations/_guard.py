@@ -34,8 +34,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FORCED", "Canary", "EngineGuard", "Fingerprints", "Takeover", "describe_difference",
-           "fingerprint", "fingerprint_source", "resolve", "same"]
+__all__ = ["FORCED", "NO_SOURCE", "Canary", "EngineGuard", "Fingerprints", "Takeover",
+           "describe_difference", "fingerprint", "fingerprint_source", "resolve", "same"]
 
 #: :attr:`Takeover.build` of a takeover that matched no verified build (``...=force``).
 FORCED = "forced"

@@ -93,7 +93,7 @@ _KINDS = {(s, u): frozenset({"first"} | ({"speculative"} if s else set())
 def kinds(speculative: bool, unconstrained: bool) -> frozenset[str]:
     """A call's kinds for the canary: ``first`` always, ``speculative`` (draft rows) and
     ``unconstrained`` (rows without a grammar) when the call has them. Paid on every call
-    until all three are seen, hence the four sets made once."""
+    while the canary watches, hence the four sets made once."""
     return _KINDS[bool(speculative), bool(unconstrained)]
 
 
