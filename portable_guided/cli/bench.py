@@ -24,8 +24,8 @@ def register(subparsers: Any) -> None:
         "accepted to the end, invalid ones rejected.",
     )
     mb.add_argument("files", help="MaskBench JSONL file(s), comma-separated")
-    mb.add_argument("--engine", default="xgrammar",
-                    help="runtime engine(s), comma-separated: xgrammar, llguidance, auto")
+    mb.add_argument("--engine", default="auto",
+                    help="runtime engine(s), comma-separated: auto, xgrammar, llguidance")
     mb.add_argument("--raw", default="",
                     help="also run raw libraries side by side, comma-separated: "
                     "xgrammar, llguidance")

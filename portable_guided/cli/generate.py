@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=1,
                    help="max batch; a single prompt is repeated this many times")
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--engine", choices=("xgrammar", "llguidance", "auto"), default="xgrammar")
+    p.add_argument("--engine", choices=("auto", "xgrammar", "llguidance"), default="auto")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..validation import int_list
 from .compile_service import CompiledGrammar, CompileService
-from .engines import Engine, Matcher
+from .engines import DEFAULT_ENGINE, Engine, Matcher
 from .fill_pool import FillPool
 from .metrics import Metrics
 from .request import ON_ERROR_POLICIES, ReasoningConfig, Request, RequestContext
@@ -47,8 +47,9 @@ class GrammarRuntime:
     >>> bitmask = rt.allocate_bitmask(8)                                         # doctest: +SKIP
     >>> rt.fill_bitmask([req, None], bitmask)  # row 1 stays all-allowed         # doctest: +SKIP
 
-    Parameters: ``engine`` is ``"xgrammar"`` (default), ``"llguidance"`` or ``"auto"`` (try
-    the engines of ``auto_order`` in turn when one rejects or times out on a spec);
+    Parameters: ``engine`` is ``"auto"`` (default: the engines of ``auto_order`` in turn,
+    the next one when one refuses a spec, within one time limit), ``"xgrammar"`` or
+    ``"llguidance"``;
     ``compile_timeout_s`` is a real limit (the compile runs in one of ``compile_workers``
     worker processes, killed at the deadline), ``None`` compiles in threads without a
     limit; ``fill_threads`` threads fill a batch whose masks are estimated to cost at least
@@ -65,7 +66,7 @@ class GrammarRuntime:
     def __init__(
         self,
         tokenizer_info: TokenizerInfo | str,
-        engine: str = "xgrammar",
+        engine: str = DEFAULT_ENGINE,
         *,
         compile_timeout_s: float | None = 30.0,
         fill_threads: int = 2,

@@ -33,6 +33,7 @@ from sglang.srt.constrained.base_grammar_backend import (
 )
 
 from ...runtime import GrammarRuntime, GrammarSpec, Request, load_tokenizer_info
+from ...runtime.engines import DEFAULT_ENGINE
 from ...runtime.errors import GrammarError
 from ...runtime.json_semantics import xgrammar_strict_schema
 from .._settings import env_seconds
@@ -161,7 +162,7 @@ class PortableGuidedGrammarBackend(BaseGrammarBackend):
         super().__init__()
         stop = sorted(int(t) for t in eos_token_ids) if eos_token_ids else None
         info = load_tokenizer_info(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
-        self.engine = os.environ.get("PORTABLE_GUIDED_SGLANG_ENGINE", "xgrammar")
+        self.engine = os.environ.get("PORTABLE_GUIDED_SGLANG_ENGINE", DEFAULT_ENGINE)
         timeout_s = env_seconds("PORTABLE_GUIDED_SGLANG_COMPILE_TIMEOUT_S", 30.0)
         self.runtime = GrammarRuntime(
             info, engine=self.engine, compile_timeout_s=timeout_s,

@@ -39,6 +39,7 @@ from vllm.v1.structured_output.backend_types import (
 )
 
 from ...runtime import GrammarRuntime, GrammarSpec, Request, load_tokenizer_info
+from ...runtime.engines import DEFAULT_ENGINE
 from ...runtime.errors import GrammarError
 from ...runtime.json_semantics import xgrammar_strict_schema
 from .._settings import env_seconds
@@ -216,7 +217,7 @@ def start_runtime(tokenizer: Any, vocab_size: int) -> GrammarRuntime:
     # (the first prefill of a burst of new schemas ran 4-7x slower).
     workers = int(os.environ.get("PORTABLE_GUIDED_VLLM_COMPILE_WORKERS",
                                  max(1, min(4, ((os.cpu_count() or 1) + 1) // 2))))
-    engine = os.environ.get("PORTABLE_GUIDED_VLLM_ENGINE", "xgrammar")
+    engine = os.environ.get("PORTABLE_GUIDED_VLLM_ENGINE", DEFAULT_ENGINE)
     timeout_s = env_seconds("PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S", 30.0)
     runtime = GrammarRuntime(
         info,

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..tokenizer_info import TokenizerInfo
 
 __all__ = [
+    "DEFAULT_ENGINE",
     "ENGINES",
     "EmptyLanguage",
     "Engine",
@@ -29,6 +30,11 @@ __all__ = [
     "create_engine",
     "engine_class",
 ]
+
+#: The engine choice of :class:`~portable_guided.runtime.GrammarRuntime` and of every serving
+#: engine's backend when none is named: chosen by measurement (docs/runtime.md, "Choosing an
+#: engine"; bench/bench_engine_choice.py).
+DEFAULT_ENGINE = "auto"
 
 #: Engine name -> (module, class, pip package that provides the library).
 ENGINES: dict[str, tuple[str, str, str]] = {
