@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 from portable_guided.harness.maskbench import load_records, machine_note, write_results
-from portable_guided.runtime import GrammarSpec, json_semantics, load_tokenizer_info, xgrammar_exact
+from portable_guided.json_schema import xgrammar_forms
+from portable_guided.runtime import GrammarSpec, load_tokenizer_info, xgrammar_exact
 from portable_guided.runtime.engines.base import EmptyLanguage, UnsupportedSpec
 from portable_guided.runtime.engines.xgrammar import XGrammarEngine
 from portable_guided.runtime.errors import GrammarSpecError
@@ -31,7 +32,7 @@ def _mode(kind: str, exact: bool) -> None:
         xgrammar_exact._range = _RANGE if exact else (lambda node: None)  # type: ignore[assignment]
     else:
         value = _MIN if exact else 0
-        json_semantics.MAX_ESCAPED_MIN_LENGTH = value  # type: ignore[misc]
+        xgrammar_forms.MAX_ESCAPED_MIN_LENGTH = value  # type: ignore[misc]
         xgrammar_exact.MAX_ESCAPED_MIN_LENGTH = value  # type: ignore[misc]
 
 

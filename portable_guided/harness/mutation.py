@@ -146,7 +146,7 @@ def probe_engine(records: Sequence[dict[str, Any]], info: TokenizerInfo, engine:
     mutated, ``per_instance`` changes each). ``strict``: the strict variant
     (``strict=True``), checked against the schema as ``strict_schema`` writes it (the seeds
     are the record's valid instances that it accepts)."""
-    from ..runtime.json_semantics import strict_schema
+    from ..json_schema.strict import strict_schema
 
     rt = GrammarRuntime(info, engine, compile_timeout_s=timeout_s, fill_threads=1,
                         failure_ttl_s=0)

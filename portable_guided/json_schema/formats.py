@@ -5,12 +5,12 @@ of ECMAScript that xgrammar and llguidance both read alike (plain groups, charac
 counted repeats up to 64; no lookaround, no backreference, no ``\\d``): either the format's
 exact language or a documented sound subset of it (every string it accepts is a valid value
 of the format under its RFC and under ``jsonschema``'s strict format checker with its optional
-packages). The JSON lowering (``runtime/json_lowering.py``) puts the entry's ``pattern`` in
+packages). The JSON lowering (:mod:`.lowering`) puts the entry's ``pattern`` in
 place of ``format``, so both engines enforce this language rather than their own format code
 (which accepts leap seconds anywhere, February 31, labels over 63 characters, invalid
 punycode). A subset is taken only where the schema is not negated (``not``, ``if``, a
 ``oneOf`` branch): there the negation of a subset would be a superset, and the format is
-refused instead (``runtime/json_semantics.py``), as is a format an entry refuses outright.
+refused instead (:mod:`.refusals`), as is a format an entry refuses outright.
 
 Imports no grammar engine.
 """

@@ -19,9 +19,9 @@ from typing import Any
 from ..json_schema import dialects as _dialects
 from ..json_schema import normalise as _normalise
 from ..json_schema.dialects import DATA_KEYWORDS, SCHEMA_MAP_KEYWORDS
+from ..json_schema.meta_fast import proves_valid
 from ..json_schema.pointers import escape_pointer
 from .errors import GrammarSpecError
-from .meta_fast import proves_valid
 
 __all__ = ["SPEC_KINDS", "GrammarSpec"]
 
@@ -174,7 +174,7 @@ normalise`), the strict variant applied."""
                                   separators=(",", ":"))
         if not self.option("strict", False):
             return text
-        from .json_semantics import strict_schema
+        from ..json_schema.strict import strict_schema
 
         return json.dumps(strict_schema(json.loads(text)), ensure_ascii=False,
                           separators=(",", ":"))

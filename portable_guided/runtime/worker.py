@@ -180,8 +180,8 @@ def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
 
 
 def _serve_engines(conn: Any, engines: dict[str, Any], local_below_s: float) -> None:
+    from ..json_schema.meta_fast import proves_valid
     from .engines import EmptyLanguage, UnsupportedSpec, compile_checked
-    from .meta_fast import proves_valid
     from .specs import GrammarSpec
 
     # Specs whose first compile here took local_below_s or more. The engine's own cache makes

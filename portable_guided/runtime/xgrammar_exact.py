@@ -32,9 +32,11 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+from ..json_schema.keywords import ANNOTATIONS
+from ..json_schema.numbers import plain_number_range
+from ..json_schema.walk import map_schemas
+from ..json_schema.xgrammar_patterns import MAX_ESCAPED_MIN_LENGTH
 from .engines.base import UnsupportedSpec
-from .json_semantics import ANNOTATIONS, map_schemas, plain_number_range
-from .xgrammar_patterns import MAX_ESCAPED_MIN_LENGTH
 
 __all__ = ["exact_placeholders", "min_length_rules", "range_rules", "substitute_exact"]
 
@@ -63,7 +65,7 @@ def _tightest(bounds: Mapping[str, Decimal], keys: Mapping[str, bool],
 
 def _range(node: Mapping[str, Any]) -> tuple[Bound | None, Bound | None] | None:
     """The tightest lower and upper bounds of a plain number range
-    (:func:`~.json_semantics.plain_number_range`) whose type does not also name
+    (:func:`~portable_guided.json_schema.numbers.plain_number_range`) whose type does not also name
     ``integer``, else ``None``."""
     types = node.get("type")
     bounds = plain_number_range(node)

@@ -1,130 +1,16 @@
-"""Regex patterns of JSON schemas, rewritten so that xgrammar matches what they say.
-
-xgrammar compiles a schema's ``pattern`` (and ``patternProperties`` names) into one automaton
-(``RegexFSMBuilder``, "json_string" regexes), where two constructions accept more than the
-regex (xgrammar 0.2.8; found by the MaskBench differential, Github_medium o22092, and pinned by
-a random-regex test against Python's ``re``):
-
-- ``(X)?`` adds an epsilon edge from X's start to X's first end state; when that end state
-  has outgoing edges (X ends in a loop, ``(:[^\\s]+)?``), the rest of X can be read without
-  its beginning: ``^a(:b+)?$`` accepts ``"ab"``;
-- ``(X){n,}`` jumps back from every end to the *first* end state of the n-th copy and can go
-  on inside that copy from there.
-
-Both only matter when X is a group (a single character or class has an end state with no
-edges), and each has an exact equivalent xgrammar builds soundly: ``(X){0,1}`` (a fresh
-accepting start state) and ``(X){n}(X)*`` (Thompson's star). Regexes compiled on their own
-(``GrammarSpec.regex``) go through another converter that is not affected. The schema-level
-walk is ``json_semantics.xgrammar_exact_strings``.
-"""
+"""Where xgrammar's pattern rewrites used to live: the code is in
+:mod:`portable_guided.json_schema.xgrammar_patterns` (the refusals and string forms there read
+it, and the front end imports nothing from the runtime). These names stay importable from
+here."""
 
 from __future__ import annotations
 
-import re
+from ..json_schema.xgrammar_patterns import (
+    LARGEST_JSON_REPEAT,
+    MAX_ESCAPED_MIN_LENGTH,
+    exact_pattern,
+    largest_repeat,
+    needs_escaped_character,
+)
 
 __all__ = ["LARGEST_JSON_REPEAT", "MAX_ESCAPED_MIN_LENGTH", "exact_pattern", "largest_repeat", "needs_escaped_character"]
-
-#: The largest repeat count (``{n}``, ``{n,m}``) xgrammar 0.2.8 builds with JSON's string
-#: rules. Above it, it builds the repeat another way, where ``.`` and negated classes also
-#: match a raw ``"``, ``\`` or control character (``^.{0,10000}$`` accepted ``"a"b"``, text
-#: that is not JSON); with its compiler cache on, counts up to 4096 fail to compile instead.
-
-_OPEN_COUNT = re.compile(r"\{(\d+),\}")
-_COUNT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
-LARGEST_JSON_REPEAT = 128
-
-#: The largest ``minLength`` (without ``maxLength``) the xgrammar engine writes as its own
-#: rule with escapes (``xgrammar_exact``): each counted character is a rule xgrammar
-#: compiles in about 20 ms.
-MAX_ESCAPED_MIN_LENGTH = 16
-
-
-def largest_repeat(pattern: str) -> int:
-    """The largest number in the repeat counts of ``pattern`` (0 without any; a brace that
-    is a literal may count too: the answer only errs upwards)."""
-    return max((int(n) for m in _COUNT.finditer(pattern) for n in m.groups() if n), default=0)
-
-
-def exact_pattern(pattern: str) -> str | None:
-    """``pattern`` with the two constructions above replaced by their exact equivalents
-    (``pattern`` itself when it has neither), or ``None`` when it cannot be scanned
-    (unbalanced groups, a class opening with ``]``): a caller refuses those."""
-    out: list[str] = []
-    groups: list[int] = []  # where each open group starts in `out`
-    i, n = 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == "\\":
-            if i + 1 >= n:
-                return None
-            out.append(pattern[i:i + 2])
-            i += 2
-        elif c == "[":
-            end = _class_end(pattern, i)
-            if end is None:
-                return None
-            out.append(pattern[i:end])
-            i = end
-        elif c == "(":
-            groups.append(len(out))
-            out.append(c)
-            i += 1
-        elif c == ")":
-            if not groups:
-                return None
-            start = groups.pop()
-            group = "".join(out[start:]) + ")"
-            del out[start:]
-            i += 1
-            if pattern.startswith("?", i):
-                out.append(group + "{0,1}")
-                i += 1
-            elif m := _OPEN_COUNT.match(pattern, i):
-                low = int(m.group(1))
-                out.append(f"{group}{{{low}}}{group}*" if low > 1 else
-                           group + ("+" if low == 1 else "*"))
-                i = m.end()
-            else:
-                out.append(group)
-        else:
-            out.append(c)
-            i += 1
-    return None if groups else "".join(out)
-
-
-def needs_escaped_character(pattern: str) -> bool:
-    """Whether ``pattern`` names a ``\\`` or ``"`` outside a character class: characters a
-    JSON string holds only as escapes, which xgrammar's automaton never generates (it leaves
-    them out of every range): such strings cannot be written (MaskBench Github_medium o36798,
-    ``^\\\\d+/...``). Conservative: also true where the character is optional."""
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            if pattern[i + 1:i + 2] in ("\\", '"'):
-                return True
-            i += 2
-        elif c == "[":
-            i = _class_end(pattern, i) or len(pattern)
-        else:
-            if c == '"':
-                return True
-            i += 1
-    return False
-
-
-def _class_end(pattern: str, start: int) -> int | None:
-    """Index just past the character class opening at ``start``."""
-    i = start + 1
-    if pattern.startswith("^", i):
-        i += 1
-    if pattern.startswith("]", i):  # `[]...]`: read differently by regex dialects
-        return None
-    while i < len(pattern):
-        if pattern[i] == "\\":
-            i += 2
-        elif pattern[i] == "]":
-            return i + 1
-        else:
-            i += 1
-    return None

@@ -54,11 +54,11 @@ def test_no_engine_accepts_a_changed_instance_the_schema_rejects(deepseek):
 
 
 def test_the_probe_finds_an_engine_that_ignores_a_type(deepseek, monkeypatch):
-    # Without the refusal of a `type` beside `anyOf` (json_semantics), xgrammar compiles the
-    # schema and the probe finds what it lets through.
-    from portable_guided.runtime import json_semantics
+    # Without the refusal of a `type` beside `anyOf` (json_schema.refusals), xgrammar compiles
+    # the schema and the probe finds what it lets through.
+    from portable_guided.json_schema import refusals
 
-    monkeypatch.setattr(json_semantics, "_xgrammar_type_beside", lambda *a: iter(()))
+    monkeypatch.setattr(refusals, "_xgrammar_type_beside", lambda *a: iter(()))
     rows = probe_engine(_records()[:1], deepseek, "xgrammar", timeout_s=None)
     assert rows and rows[0]["accepted_invalid"], rows
     accepted = [json.loads(t) for t in rows[0]["accepted_invalid"]]

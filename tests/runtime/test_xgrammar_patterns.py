@@ -72,7 +72,7 @@ def test_rewritten_patterns_match_as_python_re_does():
 
 def test_the_xgrammar_bugs_are_real():
     # If these fail, xgrammar fixed its automata: the rewrite may go (keep it for older
-    # versions), see portable_guided/runtime/xgrammar_patterns.py.
+    # versions), see portable_guided/json_schema/xgrammar_patterns.py.
     assert "ab" in _xgrammar_accepts("a(:b+)?")  # `(X)?`: X entered past its start
     assert "ab" not in _regex_accepts("a(:b+)?")
     # Github_medium o22092 in MaskBench (an invalid instance xgrammar accepted):

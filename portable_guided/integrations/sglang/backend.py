@@ -32,10 +32,10 @@ from sglang.srt.constrained.base_grammar_backend import (
     InvalidGrammarObject,
 )
 
+from ...json_schema.strict import xgrammar_strict_schema
 from ...runtime import GrammarRuntime, GrammarSpec, Request, load_tokenizer_info
 from ...runtime.engines import DEFAULT_ENGINE
 from ...runtime.errors import GrammarError
-from ...runtime.json_semantics import xgrammar_strict_schema
 from .._settings import env_seconds
 from .apply import apply_xgrammar
 

@@ -38,10 +38,10 @@ from vllm.v1.structured_output.backend_types import (
     StructuredOutputOptions,
 )
 
+from ...json_schema.strict import xgrammar_strict_schema
 from ...runtime import GrammarRuntime, GrammarSpec, Request, load_tokenizer_info
 from ...runtime.engines import DEFAULT_ENGINE
 from ...runtime.errors import GrammarError
-from ...runtime.json_semantics import xgrammar_strict_schema
 from .._settings import env_seconds
 
 if TYPE_CHECKING:

@@ -8,8 +8,9 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..json_lowering import engine_schema_text, refuse_unsatisfiable, unsound
-from ..json_semantics import llguidance_exact_numbers, llguidance_unsupported
+from ...json_schema.lowering import engine_schema_text, refuse_unsatisfiable
+from ...json_schema.numbers import llguidance_exact_numbers
+from ...json_schema.refusals import llguidance_unsupported, unsound
 from ..specs import GrammarSpec
 from .base import EmptyLanguage, Engine, Matcher, UnsupportedSpec, foreign_matcher, package_version
 
@@ -208,7 +209,7 @@ class LLGuidanceEngine(Engine):
         L = self._llg.LLMatcher
         kind, data = spec.kind, spec.payload
         # coerce_one_of reads oneOf as anyOf: exact only on disjoint branches, so a oneOf
-        # whose branches may overlap is refused first (json_lowering.unsound).
+        # whose branches may overlap is refused first (json_schema.refusals.unsound).
         json_opts = {"whitespace_flexible": bool(spec.option("any_whitespace", True)),
                      "coerce_one_of": True}
         if kind == "json_schema":

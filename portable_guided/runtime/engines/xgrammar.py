@@ -9,14 +9,10 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..json_lowering import (
-    engine_schema_text,
-    refuse_unsatisfiable,
-    structured_values_text,
-    unsound,
-    xgrammar_escapes,
-)
-from ..json_semantics import xgrammar_exact_strings, xgrammar_open_schema, xgrammar_unsupported
+from ...json_schema.lowering import engine_schema_text, refuse_unsatisfiable
+from ...json_schema.refusals import unsound, xgrammar_escapes, xgrammar_unsupported
+from ...json_schema.strict import xgrammar_open_schema
+from ...json_schema.xgrammar_forms import structured_values_text, xgrammar_exact_strings
 from ..specs import GrammarSpec
 from ..xgrammar_exact import exact_placeholders, substitute_exact
 from .base import (
@@ -199,10 +195,10 @@ class XGrammarEngine(Engine):
         passed: ``(schema text, any_whitespace)`` for :meth:`compile_prepared`. A compile
         worker sends it back with a fast compile, so that the parent's recompile skips the
         lowering and the checks (Python holding the GIL) the worker already ran."""
-        # One language on every engine (json_semantics): strictness is in the schema text,
+        # One language on every engine (json_schema.refusals): strictness is in the schema text,
         # never xgrammar's strict_mode (which also forbids array items that no `items`
         # declares), and keywords xgrammar would ignore make it refuse. The schema is
-        # lowered first (exact rewrites, json_lowering).
+        # lowered first (exact rewrites, json_schema.lowering).
         text = engine_schema_text(spec.engine_schema_text())
         refuse_unsatisfiable(text)
         if spec.option("any_whitespace", True):
