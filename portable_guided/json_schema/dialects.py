@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = ["DATA_KEYWORDS", "DIALECTS", "KEYWORDS", "LATEST", "SCHEMA_LIST_KEYWORDS",
            "SCHEMA_MAP_KEYWORDS", "SUBSCHEMA_KEYWORDS", "Dialect", "dialect_of", "dialect_named",
-           "form"]
+           "form", "keyword_table_markdown"]
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,17 @@ SCHEMA_LIST_KEYWORDS = _in_forms("schemas")
 SCHEMA_MAP_KEYWORDS = _in_forms("schema_map", "container", "schema_or_names")
 #: Keywords whose value is data, never a schema.
 DATA_KEYWORDS = _in_forms("data")
+
+
+def keyword_table_markdown() -> str:
+    """:data:`KEYWORDS` as markdown: per keyword and draft, the form it takes there (``-``:
+    the draft does not know it, so it asserts nothing); pasted into docs/runtime.md."""
+    rows = ["| keyword | " + " | ".join(d.name.removeprefix("draft") for d in DIALECTS) + " |",
+            "|---|" + "---|" * len(DIALECTS)]
+    for keyword, by_draft in KEYWORDS.items():
+        cells = [by_draft.get(d.name, "-") for d in DIALECTS]
+        rows.append(f"| `{keyword}` | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
 
 
 def form(keyword: str, dialect: Dialect) -> str | None:

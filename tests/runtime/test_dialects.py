@@ -478,3 +478,14 @@ def test_front_end_imports_no_engine():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_docs_hold_the_generated_keyword_table():
+    """docs/runtime.md's per-draft keyword table is the one generated from the table."""
+    from pathlib import Path
+
+    from portable_guided.json_schema.dialects import keyword_table_markdown
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "runtime.md").read_text()
+    flat = "\n".join(line.strip() for line in docs.splitlines())
+    assert keyword_table_markdown().strip() in flat
