@@ -420,6 +420,10 @@ class _Lowerer:
                     continue
             elif not isinstance(sub, dict) or key not in _SUB_KEYS:
                 continue  # (true and false lower to themselves)
+            if key == "propertyNames" and "type" not in sub:
+                # Names are strings, so this is exact; an engine builds the names from this
+                # schema, and a branch for other types let xgrammar write `{"aa": 1, 2: 3}`.
+                sub = {**sub, "type": "string"}
             # What is negated is lowered exactly (as in `_exact`, without its cost here).
             exact = self.approximate and key in _NEGATED
             if exact:

@@ -36,6 +36,7 @@ from .walk import _walk, iter_schemas, node_patterns
 from .xgrammar_patterns import (
     LARGEST_JSON_REPEAT,
     largest_repeat,
+    names_control_character,
     needs_escaped_character,
 )
 
@@ -249,6 +250,11 @@ def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterat
         yield "pattern with minLength/maxLength: xgrammar drops the length bounds"
     if "format" in node and ("minLength" in node or "maxLength" in node):
         yield "format with minLength/maxLength: xgrammar drops the length bounds"
+    names = node.get("propertyNames")
+    if isinstance(names, Mapping) and names.get("type") != "string":
+        # xgrammar writes names from this schema: a branch of another type let it write
+        # {"aa": 1, 2: 3} (the lowering types it "string" where it says nothing).
+        yield "propertyNames not of type string: xgrammar would write unquoted names"
     if "patternProperties" in node and node.get("additionalProperties") is not False:
         yield ("patternProperties with additional properties allowed: xgrammar rejects "
                "names that match no pattern")
@@ -260,6 +266,9 @@ def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterat
         if needs_escaped_character(p):
             yield (f"pattern {p[:40]!r} needs a backslash or quote, which xgrammar never "
                    "generates inside a string")
+        if names_control_character(p):
+            yield (f"pattern {p[:40]!r} names a control character, which xgrammar writes "
+                   "raw inside a string (not JSON)")
         if not (p.startswith("^") and p.endswith("$") and not p.endswith("\\$")):
             yield (f"pattern {p[:40]!r} is not anchored (^...$): JSON Schema searches, "
                    "xgrammar matches the whole string")

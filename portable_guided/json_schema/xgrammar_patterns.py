@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["LARGEST_JSON_REPEAT", "MAX_ESCAPED_MIN_LENGTH", "exact_pattern", "largest_repeat", "needs_escaped_character"]
+__all__ = ["LARGEST_JSON_REPEAT", "MAX_ESCAPED_MIN_LENGTH", "exact_pattern", "largest_repeat",
+           "names_control_character", "needs_escaped_character"]
 
 #: The largest repeat count (``{n}``, ``{n,m}``) xgrammar 0.2.8 builds with JSON's string
 #: rules. Above it, it builds the repeat another way, where ``.`` and negated classes also
@@ -109,6 +110,31 @@ def needs_escaped_character(pattern: str) -> bool:
         else:
             if c == '"':
                 return True
+            i += 1
+    return False
+
+
+#: Escapes naming a control character (U+0000-U+001F), which xgrammar 0.2.8 writes raw
+#: inside a JSON string (invalid JSON): ``^\\t$`` let it write a tab byte, so did ``\\cI``
+#: and ``\\u0009`` (found by soundness-by-generation, harness/generation.py).
+_CONTROL_ESCAPE = re.compile(r"\\(?:[tnrfv0]|c[A-Za-z]|u00[01][0-9A-Fa-f]|x[01][0-9A-Fa-f])")
+
+
+def names_control_character(pattern: str) -> bool:
+    """Whether ``pattern`` names a control character (an escape such as ``\\t``, ``\\cC`` or
+    ``\\u0009``, or the raw character) outside a negated character class (``[^\\x00-\\x1f]``
+    excludes them). Conservative: also true where the character is optional."""
+    if any(ord(c) < 0x20 for c in pattern):
+        return True
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("[^", i):
+            i = _class_end(pattern, i) or len(pattern)
+        elif pattern[i] == "\\":
+            if _CONTROL_ESCAPE.match(pattern, i):
+                return True
+            i += 2
+        else:
             i += 1
     return False
 
