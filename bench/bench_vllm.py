@@ -80,12 +80,22 @@ def servable(llm: Any, candidates: list[dict[str, Any]], n: int) -> list[dict[st
                                vocab_size=llm.llm_engine.model_config.get_vocab_size())
     engine = create_engine("xgrammar", info)
     out = []
-    from vllm.v1.structured_output.backend_xgrammar import has_xgrammar_unsupported_json_features
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.v1.structured_output.backend_xgrammar import (
+        has_xgrammar_unsupported_json_features,
+        validate_xgrammar_grammar,
+    )
 
     for schema in candidates:
-        if has_xgrammar_unsupported_json_features(schema):
-            # vLLM alone would send it to another backend (or refuse it): not a fair pair.
-            print("cold pool: skipping a schema vLLM's xgrammar backend does not take")
+        try:
+            if has_xgrammar_unsupported_json_features(schema):
+                raise ValueError("features vLLM's xgrammar backend does not take")
+            validate_xgrammar_grammar(SamplingParams(
+                structured_outputs=StructuredOutputsParams(json=schema)))
+        except Exception as exc:  # noqa: BLE001 - vLLM alone would refuse or reroute it
+            print(f"cold pool: skipping a schema vLLM's xgrammar backend refuses "
+                  f"({str(exc)[:80]})")
             continue
         try:
             compile_checked(engine, GrammarSpec.json_schema(schema, strict=True))

@@ -257,7 +257,8 @@ def test_runtime_starts_with_the_engine(llm):
         assert mgr.backend.runtime is runtime and mgr._portable_guided_runtime is None
         grammar = structured.grammar.result(timeout=60)
         assert isinstance(grammar, backend_mod.PortableGuidedGrammar)
-        assert runtime.worker_pids() == workers  # compiled by the worker started earlier
+        # Compiled by the workers started earlier (a spare may have joined them since).
+        assert set(workers) <= set(runtime.worker_pids())
     finally:
         if mgr.backend is not None:
             mgr.backend.destroy()

@@ -26,8 +26,8 @@ Environment:
 - ``PORTABLE_GUIDED_SGLANG=0`` turns the plugin off; ``force`` registers hooks whose SGLang
   functions match no verified build (a loud warning; the canary still checks the first
   calls). Default ``1``: verified builds only.
-- The backend's settings: ``PORTABLE_GUIDED_SGLANG_ENGINE`` (``auto``, ``xgrammar`` or
-  ``llguidance``; default ``auto``), ``PORTABLE_GUIDED_SGLANG_COMPILE_TIMEOUT_S`` (default 30),
+- The backend's settings: ``PORTABLE_GUIDED_SGLANG_ENGINE`` (``xgrammar``, ``llguidance`` or
+  ``auto``; default ``xgrammar``: the backend serves xgrammar's strict language), ``PORTABLE_GUIDED_SGLANG_COMPILE_TIMEOUT_S`` (default 30),
   ``PORTABLE_GUIDED_SGLANG_CACHE_DIR`` (on-disk compile cache shared by processes).
 """
 

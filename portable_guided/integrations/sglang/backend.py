@@ -34,7 +34,6 @@ from sglang.srt.constrained.base_grammar_backend import (
 
 from ...json_schema.strict import xgrammar_strict_schema
 from ...runtime import GrammarRuntime, GrammarSpec, Request, load_tokenizer_info
-from ...runtime.engines import DEFAULT_ENGINE
 from ...runtime.errors import GrammarError
 from .._settings import env_seconds
 from .apply import apply_xgrammar
@@ -162,7 +161,10 @@ class PortableGuidedGrammarBackend(BaseGrammarBackend):
         super().__init__()
         stop = sorted(int(t) for t in eos_token_ids) if eos_token_ids else None
         info = load_tokenizer_info(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
-        self.engine = os.environ.get("PORTABLE_GUIDED_SGLANG_ENGINE", DEFAULT_ENGINE)
+        # xgrammar, not the runtime's default (auto): as for vLLM, this backend serves
+        # xgrammar's strict language, which xgrammar compiles fast, token-identical to
+        # SGLang's own xgrammar backend.
+        self.engine = os.environ.get("PORTABLE_GUIDED_SGLANG_ENGINE", "xgrammar")
         timeout_s = env_seconds("PORTABLE_GUIDED_SGLANG_COMPILE_TIMEOUT_S", 30.0)
         self.runtime = GrammarRuntime(
             info, engine=self.engine, compile_timeout_s=timeout_s,

@@ -40,9 +40,11 @@ from vllm.v1.structured_output.backend_types import (
 
 from ...json_schema.strict import xgrammar_strict_schema
 from ...runtime import GrammarRuntime, GrammarSpec, Request, load_tokenizer_info
-from ...runtime.engines import DEFAULT_ENGINE
 from ...runtime.errors import GrammarError
 from .._settings import env_seconds
+
+#: The grammar engine this backend uses unless ``PORTABLE_GUIDED_VLLM_ENGINE`` names another.
+BACKEND_ENGINE = "xgrammar"
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -217,7 +219,11 @@ def start_runtime(tokenizer: Any, vocab_size: int) -> GrammarRuntime:
     # (the first prefill of a burst of new schemas ran 4-7x slower).
     workers = int(os.environ.get("PORTABLE_GUIDED_VLLM_COMPILE_WORKERS",
                                  max(1, min(4, ((os.cpu_count() or 1) + 1) // 2))))
-    engine = os.environ.get("PORTABLE_GUIDED_VLLM_ENGINE", DEFAULT_ENGINE)
+    # Not the runtime's default (auto): this backend serves vLLM's language, xgrammar's
+    # strict mode, which xgrammar compiles at its own speed (no open objects), and with
+    # xgrammar the outputs stay token-identical to vLLM's own backend (llguidance places
+    # optional whitespace differently: tests/vllm_plugin/test_vllm_e2e.py).
+    engine = os.environ.get("PORTABLE_GUIDED_VLLM_ENGINE", BACKEND_ENGINE)
     timeout_s = env_seconds("PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S", 30.0)
     runtime = GrammarRuntime(
         info,
