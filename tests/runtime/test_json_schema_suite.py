@@ -79,8 +79,10 @@ def test_auto_covers_each_engine(suite_rows):
 DRAFTS_DIR = Path(__file__).resolve().parents[1] / "data" / "json-schema-test-suite"
 #: Floors on engine auto (bench/results/json_schema_suite_<draft>.json): groups, schemas
 #: compiled, instances decided right. Required and optional tests, `optional/format` left out.
-DRAFT_FLOORS = {"draft4": (192, 175, 610), "draft6": (266, 235, 811),
-                "draft7": (295, 260, 899), "draft2019-09": (420, 366, 1204)}
+#: (Two groups of optional/ecmascript-regex.json, patterns naming a control character, are
+#: refused since generation found xgrammar writing them raw: 2 compiled, 2 right fewer.)
+DRAFT_FLOORS = {"draft4": (192, 173, 608), "draft6": (266, 233, 809),
+                "draft7": (295, 258, 897), "draft2019-09": (420, 364, 1202)}
 #: Accepted invalid instances for a reason outside dialects: a non-BMP character (U+1F432)
 #: repeated in a `patternProperties` regex (the same schema in every draft).
 OUTSIDE_DIALECTS = {"optional/non-bmp-regex.json#1"}
