@@ -744,19 +744,9 @@ def _json_files(folder: str) -> Iterator[str]:
 def maskbench_items(paths: Sequence[str], limit: int | None = None) -> list[dict[str, Any]]:
     """MaskBench records (``{"id", "schema"}``) of the JSONL files ``paths``, the first
     ``limit`` of each."""
-    out: list[dict[str, Any]] = []
-    for path in paths:
-        with open(path, encoding="utf-8") as fh:
-            n = 0
-            for line in fh:
-                if not line.strip():
-                    continue
-                if limit is not None and n >= limit:
-                    break
-                rec = json.loads(line)
-                out.append({"id": rec["id"], "schema": rec["schema"]})
-                n += 1
-    return out
+    from .maskbench import load_records
+
+    return [{"id": rec["id"], "schema": rec["schema"]} for rec in load_records(paths, limit)]
 
 
 _NAMES = ("a", "b", "id", "name", "x y")

@@ -4,24 +4,13 @@ called on the user's schema as vLLM calls them."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
+from maskbench_data import maskbench_dir
 
 from portable_guided.cli import main
 
-
-def _data_dir() -> Path | None:
-    here = Path(__file__).resolve().parents[2]
-    for cand in (os.environ.get("PORTABLE_GUIDED_MASKBENCH"), here.parent / "shared/data/maskbench",
-                 Path("/work/shared/data/maskbench")):
-        if cand and Path(cand, "Github_easy.jsonl").exists():
-            return Path(cand)
-    return None
-
-
-DATA = _data_dir()
+DATA = maskbench_dir()
 
 
 @pytest.mark.skipif(DATA is None, reason="MaskBench data (shared/data/maskbench) not found")
