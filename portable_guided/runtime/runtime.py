@@ -50,9 +50,11 @@ class GrammarRuntime:
     Parameters: ``engine`` is ``"auto"`` (default: the engines of ``auto_order`` in turn,
     the next one when one refuses a spec, within one time limit), ``"xgrammar"`` or
     ``"llguidance"``;
-    ``compile_timeout_s`` is a real limit (the compile runs in one of ``compile_workers``
-    worker processes, killed at the deadline), ``None`` compiles in threads without a
-    limit; ``fill_threads`` threads fill a batch whose masks are estimated to cost at least
+    ``compile_timeout_s`` is a real limit counted from submission (the compile runs in a
+    worker process, killed at the deadline; at most ``compile_workers`` run at normal
+    priority, a spare waits, long compiles move to a low-priority lane: docs/runtime.md,
+    "Latency model"; the workers start now, in the background), ``None`` compiles in
+    threads without a limit; ``fill_threads`` threads fill a batch whose masks are estimated to cost at least
     ``parallel_fill_min_us`` (cheaper steps are filled in the calling thread, since handing
     them to threads costs more than it saves); ``cache_bytes`` bounds the in-memory cache
     of compiled grammars; ``disk_cache_dir`` enables the on-disk cache shared by processes
