@@ -582,8 +582,8 @@ class WorkerPool:
                         self._server.close()
                         log.warning("compile fork server died; starting another")
                     self._server = None
-                    self._server = _start_fork_server(self._spec, self._local_below_s,
-                                                      self._start_timeout_s)
+                    self._server = _ForkServer(self._spec, self._local_below_s,
+                                               self._start_timeout_s)
                 server = self._server
         if server is not None:
             return server.fork(self._start_timeout_s)
@@ -781,8 +781,7 @@ class WorkerPool:
         now = time.monotonic()
         with self._lock:
             due = min((job.deadline for job in (*self._busy.values(), *self._waiting)
-                       if not job.before_ready or self.ready_at is not None),
-                      default=now + _READER_TICK_S)
+                       if self._clock_runs(job)), default=now + _READER_TICK_S)
             if not self._all and self._waiting:  # no worker: a start may have failed
                 due = min(due, self._waiting[0].queued_at + self._start_timeout_s)
             if self._waiting:  # a running compile may move to the long lane
@@ -790,6 +789,11 @@ class WorkerPool:
                                   for w, job in self._busy.items() if not w.niced)])
             self._wake_at = due = min(due, now + _READER_TICK_S)
         return max(0.0, due - now)
+
+    def _clock_runs(self, job: _Job) -> bool:
+        """Whether ``job``'s deadline is running (a job submitted before the pool's first
+        worker was ready waits for it off the clock)."""
+        return self.ready_at is not None or not job.before_ready
 
     def _release(self, worker: _Worker) -> None:
         """``worker`` is free: it takes the oldest waiting job, or idles."""
@@ -814,11 +818,8 @@ class WorkerPool:
                 f"worker replied to job {reply_id}, expected "
                 f"{job.job_id if job is not None else 'none'}"))
             return
-        if worker.niced:  # its priority cannot be raised again: a fresh worker replaces it
+        if worker.niced:  # its priority cannot be raised again; long-lane workers are extras
             self._retire(worker, replace=False)
-            with self._lock:
-                assigned = self._assign()
-            self._send_all(assigned)
         else:
             self._release(worker)  # the next compile starts before this reply is handled
         _deliver(job, reply)
@@ -877,8 +878,8 @@ class WorkerPool:
         with self._lock:
             late = [w for w, job in self._busy.items() if job.deadline <= now]
             # Jobs whose whole limit went by in the queue never start.
-            expired = [job for job in self._waiting if job.deadline <= now
-                       and (self.ready_at is not None or not job.before_ready)]
+            expired = [job for job in self._waiting
+                       if job.deadline <= now and self._clock_runs(job)]
             for job in expired:
                 self._waiting.remove(job)
             stranded: list[_Job] = []
@@ -932,11 +933,6 @@ def _rank(job: _Job, now: float) -> float:
     """Smallest first: the bigger the spec the longer its compile tends to take; aged, so a
     big spec waits a bounded time."""
     return len(job.payload) * 0.5 ** ((now - job.queued_at) / _AGING_S)
-
-
-def _start_fork_server(spec: dict[str, Any], local_below_s: float,
-                       timeout_s: float) -> _ForkServer:
-    return _ForkServer(spec, local_below_s, timeout_s)
 
 
 #: After a worker failed to start, the pool tries again at most this often.
