@@ -166,7 +166,7 @@ DATA_KEYWORDS = _in_forms("data")
 
 def keyword_table_markdown() -> str:
     """:data:`KEYWORDS` as markdown: per keyword and draft, the form it takes there (``-``:
-    the draft does not know it, so it asserts nothing); pasted into docs/runtime.md."""
+    the draft does not know it, so it asserts nothing); pasted into docs/json_schema_keywords.md."""
     rows = ["| keyword | " + " | ".join(d.name.removeprefix("draft") for d in DIALECTS) + " |",
             "|---|" + "---|" * len(DIALECTS)]
     for keyword, by_draft in KEYWORDS.items():

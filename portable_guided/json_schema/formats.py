@@ -200,7 +200,7 @@ def pattern_for(name: str) -> str | None:
 
 def format_table_markdown() -> str:
     """The table of :data:`FORMATS` as markdown: per format and engine, exact, subset (and
-    what it leaves out) or refused (and why); pasted into docs/runtime.md."""
+    what it leaves out) or refused (and why); pasted into docs/json_schema.md."""
     rows = ["| format | " + " | ".join(ENGINES) + " | left out of the subset |",
             "|---|" + "---|" * len(ENGINES) + "---|"]
     for f in FORMATS.values():

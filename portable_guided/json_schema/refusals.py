@@ -1,7 +1,7 @@
 """One JSON-schema language on every engine.
 
 The language of ``GrammarSpec.json_schema(schema)`` is JSON Schema validation, with the
-deviations listed in ``docs/runtime.md`` ("JSON schema semantics"), the same whichever engine
+deviations listed in ``docs/json_schema.md``, the same whichever engine
 compiles it:
 
 - undeclared properties are allowed unless the schema says otherwise

@@ -52,7 +52,7 @@ class GrammarRuntime:
     ``"llguidance"``;
     ``compile_timeout_s`` is a real limit counted from submission (the compile runs in a
     worker process, killed at the deadline; at most ``compile_workers`` run at normal
-    priority, a spare waits, long compiles move to a low-priority lane: docs/runtime.md,
+    priority, a spare waits, long compiles move to a low-priority lane: docs/latency.md,
     "Latency model"; the workers start now, in the background), ``None`` compiles in
     threads without a limit; ``fill_threads`` threads fill a batch whose masks are estimated to cost at least
     ``parallel_fill_min_us`` (cheaper steps are filled in the calling thread, since handing

@@ -104,15 +104,15 @@ class GrammarSpec:
     ) -> GrammarSpec:
         """A JSON value that validates against ``schema`` (dict, bool or JSON text).
 
-        The language is the same on every engine (``docs/runtime.md``, "JSON schema
-        semantics"): JSON Schema's, so undeclared properties are allowed unless the schema
-        forbids them; ``strict=True`` forbids them in every object schema that does not say
-        (``additionalProperties: false`` added before any engine sees the schema).
+        The language is the same on every engine (``docs/json_schema.md``): JSON Schema's,
+        so undeclared properties are allowed unless the schema forbids them; ``strict=True``
+        forbids them in every object schema that does not say (``additionalProperties:
+        false`` added before any engine sees the schema).
 
         The schema is read under the draft its ``$schema`` names (4, 6, 7, 2019-09 or
         2020-12, the default; any other is refused) and checked against that draft's
         meta-schema (with ``jsonschema`` when it is installed); engines get its draft 2020-12
-        equivalent (``docs/runtime.md``, "Dialects"). A remote ``$ref`` is rejected, never
+        equivalent (``docs/json_schema.md``, "Dialects"). A remote ``$ref`` is rejected, never
         fetched. Errors raise
         :class:`GrammarSpecError` with the JSON pointer of the offending part. A large
         schema that the quick proof (``meta_fast``) cannot vouch for is checked in the

@@ -429,7 +429,7 @@ class _Job:
 class WorkerPool:
     """Compile worker processes, each able to run every engine.
 
-    Scheduling (docs/runtime.md, "Latency model"): at most ``size`` compiles run at normal
+    Scheduling (docs/latency.md, "Latency model"): at most ``size`` compiles run at normal
     priority; one that has run ``long_after_s`` while others wait moves to the long lane
     (its process's priority lowered, at most ``max_long`` such compiles), so a pathological
     spec holds a slot for ``long_after_s``, not for its whole limit; waiting jobs go smallest

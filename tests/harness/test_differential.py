@@ -2,7 +2,7 @@
 ``bench/maskbench_differential.py``, results in ``bench/results/differential_*.json``).
 
 Every instance of every schema both engines compile must get the same accept/reject decision
-from both, except the differences listed in EXPLAINED with their cause (docs/runtime.md).
+from both, except the differences listed in EXPLAINED with their cause (docs/json_schema.md, docs/benchmarks.md).
 The subset also holds schemas xgrammar must refuse: without those refusals they compile and
 disagree.
 """
@@ -16,7 +16,7 @@ from portable_guided.harness.differential import compare_engines, disagreements
 
 SUBSET = Path(__file__).parent / "data" / "maskbench_differential_subset.jsonl"
 
-#: (schema id, test index) -> cause. Keep in step with docs/runtime.md. Empty: the four
+#: (schema id, test index) -> cause. Keep in step with docs/benchmarks.md. Empty: the four
 #: `format: date` differences (xgrammar accepted 2022-02-30) went when the lowering wrote
 #: dates as a calendar-exact pattern (json_lowering.DATE_PATTERN).
 EXPLAINED: dict[tuple[str, int], str] = {}

@@ -357,7 +357,7 @@ BUGS = [  # (schema, valid texts, invalid texts)
                            "definitions": {"a": {"type": "string"}}}}},
      ['{"p": 1}'], ['{"p": "s"}']),
     ({"$schema": D4, "maximum": 5, "exclusiveMaximum": True}, ["4"], ["5", "6"]),
-    # Draft 4's integers are written without a fraction (no 2020-12 form: docs/runtime.md).
+    # Draft 4's integers are written without a fraction (no 2020-12 form: docs/json_schema.md).
     ({"$schema": D4, "type": "integer"}, ["1"], ["1.0", "1e0"]),
     ({"$schema": D6, "items": [{"type": "integer"}], "additionalItems": {"type": "string"}},
      ['[1, "a"]'], ['[1, 2]', '["a"]']),
@@ -481,11 +481,11 @@ def test_front_end_imports_no_engine():
 
 
 def test_the_docs_hold_the_generated_keyword_table():
-    """docs/runtime.md's per-draft keyword table is the one generated from the table."""
+    """docs/json_schema_keywords.md's per-draft keyword table is the one generated from the table."""
     from pathlib import Path
 
     from portable_guided.json_schema.dialects import keyword_table_markdown
 
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "runtime.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "json_schema_keywords.md").read_text()
     flat = "\n".join(line.strip() for line in docs.splitlines())
     assert keyword_table_markdown().strip() in flat

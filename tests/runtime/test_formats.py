@@ -76,7 +76,7 @@ def test_docs_carry_the_rendered_table():
     table = format_table_markdown()
     assert all(f"| `{name}` |" in table for name in FORMATS)
     # (indented there, as part of a list item)
-    doc = [line.strip() for line in (ROOT / "docs" / "runtime.md").read_text(
+    doc = [line.strip() for line in (ROOT / "docs" / "json_schema.md").read_text(
         encoding="utf-8").splitlines()]
     rows = table.splitlines()
     start = doc.index(rows[0])

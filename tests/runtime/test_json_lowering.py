@@ -27,7 +27,7 @@ SUITE = suite_dir()
 
 
 def _valid(schema, instance) -> bool:
-    # Formats are assertions, as the runtime enforces them (docs/runtime.md).
+    # Formats are assertions, as the runtime enforces them (docs/json_schema.md).
     cls = jsonschema.Draft202012Validator
     return cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(instance)
 

@@ -191,7 +191,7 @@ def test_no_engine_lets_a_raw_control_character_into_a_string(case, runtimes):
             expected = validator.is_valid(json.loads(text))
             decided = _decide_text(rt, spec, text)
             # xgrammar generates no escape in a length-bounded string (a narrowing:
-            # docs/runtime.md); it never accepts what the validator rejects.
+            # docs/json_schema.md); it never accepts what the validator rejects.
             # (a minLength up to 16 alone has its escapes: xgrammar_exact)
             narrowed = engine == "xgrammar" and "\\" in text and not case.startswith("min_only")
             # xgrammar compiles every one (its compiler cache failed a check on repeat

@@ -1,4 +1,4 @@
-"""The latency a serving engine can promise (docs/runtime.md, "Latency model"): a compile
+"""The latency a serving engine can promise (docs/latency.md, "Latency model"): a compile
 resolves within its limit counted from submission on every engine, the compile after a kill
 starts at once, and pathological specs do not hold up benign ones."""
 

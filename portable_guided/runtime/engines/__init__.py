@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 #: The engine choice of :class:`~portable_guided.runtime.GrammarRuntime` and of every serving
-#: engine's backend when none is named: chosen by measurement (docs/runtime.md, "Choosing an
+#: engine's backend when none is named: chosen by measurement (docs/latency.md, "Choosing an
 #: engine"; bench/bench_engine_choice.py).
 DEFAULT_ENGINE = "auto"
 
