@@ -38,9 +38,7 @@ __all__ = ["RUNTIME_CACHE_VERSION", "CompileService", "CompiledGrammar"]
 
 log = logging.getLogger(__name__)
 
-#: Bumped whenever the meaning of a cached grammar changes (part of the disk cache key); its
-#: history is in git (``git log -S RUNTIME_CACHE_VERSION``). 14: schemas of older drafts read
-#: under their own dialect, formats compiled as our own languages.
+#: Part of the disk cache key: bumped whenever a spec may compile to another grammar (CHANGELOG.md).
 RUNTIME_CACHE_VERSION = "14"
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
