@@ -47,6 +47,11 @@ RUNTIME_CACHE_VERSION = "14"
 #: compile above ~25 ms but up to 35x at the tail (a 150 ms compile took 5.6 s to ship),
 #: while a recompile costs what the worker just proved it costs.
 LOCAL_BELOW_S = 0.1
+#: With ``race=True``, how long a compile runs in this process alone before a worker starts
+#: the same compile. Strict JSON schemas of real-world collections compile in tens of
+#: milliseconds (Github_hard p50 12 ms with xgrammar): such compiles never occupy a second
+#: core, while the time limit, counted from submission, does not move.
+RACE_WORKER_AFTER_S = 0.25
 
 #: Without a compile time limit, how long a miss waits for another process compiling the same
 #: key before compiling it here too (a held lock must never mean waiting forever).
@@ -88,16 +93,18 @@ class CompileService:
     :meth:`close`, pending compiles fail with :class:`RuntimeClosed` and :meth:`submit`
     refuses new ones.
 
-    ``race=True`` (latency first): each worker compile is raced by the same compile in a
-    thread of this process, and the first to finish decides. A grammar is then never shipped
-    or compiled twice in a row, so a miss costs about one compile instead of the worker's
-    round trip plus a recompile or a deserialization (bench/bench_compile.py). The time
-    limit still holds for the request: when the worker is killed at the deadline the
-    request fails as without racing. What racing gives up: every compile runs twice (one
-    core each), and a compile that never ends keeps running in its thread (CPU and memory)
-    until it does; while one such compile runs, no new race starts (compiles go through the
-    worker alone). An engine crash in the raced compile would take this process down.
-    Off by default.
+    ``race=True`` (latency first): each compile starts in a thread of this process, and
+    when it has not ended ``race_worker_after_s`` later the same compile starts in a worker
+    too; the first to finish decides. A grammar is then never shipped or compiled twice in
+    a row, so a miss costs about one compile instead of the worker's round trip plus a
+    recompile or a deserialization (bench/bench_compile.py), and most compiles (tens of
+    milliseconds) never reach a worker at all. The time limit still holds for the request:
+    when the worker is killed at the deadline the request fails as without racing. What
+    racing gives up: a compile past ``race_worker_after_s`` runs twice (one core each), and
+    a compile that never ends keeps running in its thread (CPU and memory) until it does;
+    while one such compile runs, no new race starts (compiles go through the worker alone).
+    An engine crash in the raced compile would take this process down. Off by default
+    (the vLLM and SGLang backends turn it on: docs/vllm.md).
     """
 
     def __init__(
@@ -115,6 +122,7 @@ class CompileService:
         local_below_s: float = LOCAL_BELOW_S,
         metrics: Metrics | None = None,
         race: bool = False,
+        race_worker_after_s: float = RACE_WORKER_AFTER_S,
     ) -> None:
         if engine != "auto" and engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose from {['auto', *ENGINES]}")
@@ -141,6 +149,9 @@ class CompileService:
         self._threads = ThreadPoolExecutor(max(2, workers + 1), thread_name_prefix="pg-compile")
         self._closed = False
         self._race = bool(race)
+        if not race_worker_after_s >= 0:
+            raise ValueError(f"race_worker_after_s must be >= 0 seconds, got {race_worker_after_s}")
+        self.race_worker_after_s = float(race_worker_after_s)
         # Waits on the worker's side of each race (at most the time limit each).
         self._race_legs = ThreadPoolExecutor(workers + 1, thread_name_prefix="pg-race-leg")
         #: A raced compile in this process still running after its worker was killed at the
@@ -407,7 +418,8 @@ class CompileService:
 
     def _compile_raced(self, engine: Engine, name: str, spec: GrammarSpec,
                        deadline: float | None = None) -> Any:
-        """Compile here and in a worker at once; the first to finish decides (class doc)."""
+        """Compile here, and in a worker too once this one has run ``race_worker_after_s``;
+        the first to finish decides (class doc)."""
         assert self._pool is not None and self.timeout_s is not None
         here: Future[Any] = Future()
 
@@ -419,6 +431,15 @@ class CompileService:
 
         # A daemon thread: a compile that never ends must not hold up the interpreter's exit.
         threading.Thread(target=compile_here, name="pg-compile-race", daemon=True).start()
+        # Most compiles end before the worker would have started: they cost one compile and
+        # leave the other cores to the model's forward pass.
+        alone_s = self.race_worker_after_s
+        if deadline is not None:  # never past the limit without a worker to enforce it
+            alone_s = min(alone_s, max(0.0, deadline - time.monotonic()))
+        if wait([here], timeout=alone_s).done:
+            self.metrics.inc("races_won_here")
+            return here.result()  # the grammar, or its compile error
+        self.metrics.inc("race_worker_legs")
         worker = self._race_legs.submit(self._pool.run, name, spec.to_dict(), self.timeout_s,
                                         "never", deadline=deadline)
         self._legs.add(worker)

@@ -90,7 +90,9 @@ class GrammarSpec:
         """Run the validation deferred at construction (called by the compile job, under
         its time limit); raises :class:`GrammarSpecError`."""
         if self.deferred_check:
-            _validate_meta(self.payload, "")
+            schema = self.payload
+            if not proves_valid(schema):  # microseconds where jsonschema takes milliseconds
+                _validate_meta(schema, "")
 
     # -- constructors ----------------------------------------------------------------------
     @classmethod

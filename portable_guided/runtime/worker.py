@@ -180,7 +180,6 @@ def _serve(conn: Any, payloads: dict[str, Any], local_below_s: float) -> None:
 
 
 def _serve_engines(conn: Any, engines: dict[str, Any], local_below_s: float) -> None:
-    from ..json_schema.meta_fast import proves_valid
     from .engines import EmptyLanguage, UnsupportedSpec, compile_checked
     from .specs import GrammarSpec
 
@@ -202,10 +201,6 @@ def _serve_engines(conn: Any, engines: dict[str, Any], local_below_s: float) -> 
             raw = engine_name.startswith("raw:")
             engine = engines[engine_name.removeprefix("raw:")]
             spec = GrammarSpec.from_dict(spec_dict)
-            if spec.deferred_check and spec.kind == "json_schema" and proves_valid(spec.payload):
-                # Proven valid against the meta-schema in microseconds: the full check
-                # (milliseconds of jsonschema) would only agree.
-                spec = GrammarSpec.from_dict({**spec_dict, "deferred_check": False})
             keeping: Any = _KeepPrepared(engine)  # an Engine for compile_checked
             compiled = engine.compile_raw(spec) if raw else compile_checked(keeping, spec)
             seconds = time.perf_counter() - t0

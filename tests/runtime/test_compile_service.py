@@ -21,6 +21,7 @@ from portable_guided.runtime import (
     GrammarTimeout,
 )
 from portable_guided.runtime.cache import ByteLRUCache, FailureCache
+from portable_guided.runtime.compile_service import CompileService
 
 
 def nested_any_of(depth: int) -> dict:
@@ -261,6 +262,27 @@ def test_race_compiles_once_here_with_the_worker_path_masks(deepseek):
     assert 0 < np.unpackbits(masks[0].view(np.uint8)).sum() < deepseek.vocab_size
 
 
+@pytest.mark.parametrize("alone_s, legs", [(30.0, 0), (0.0, 1)])
+def test_race_hands_a_compile_to_a_worker_only_after_it_ran_alone(deepseek, alone_s, legs):
+    """A raced compile runs alone in this process for ``race_worker_after_s``: a regex
+    (a millisecond) given 30 s never reaches a worker; given none, it does."""
+    service = CompileService(deepseek, engine="xgrammar", timeout_s=30.0, race=True,
+                             race_worker_after_s=alone_s)
+    try:
+        compiled = service.submit(GrammarSpec.regex("[0-9]{1,3}")).result(120)
+        assert compiled.source == "race"
+        counters = service.metrics.snapshot()
+        assert counters["race_worker_legs"] == legs
+        assert counters["races_won_here"] + counters["races_won_worker"] == 1
+    finally:
+        service.close()
+
+
+def test_race_worker_after_s_must_be_a_duration(deepseek):
+    with pytest.raises(ValueError, match="race_worker_after_s must be >= 0 seconds, got -1"):
+        CompileService(deepseek, engine="xgrammar", timeout_s=None, race_worker_after_s=-1)
+
+
 RACE_TIME_LIMIT_SCRIPT = textwrap.dedent('''
     import json, os, sys, time
     sys.path.insert(0, {tests!r})
@@ -270,6 +292,7 @@ RACE_TIME_LIMIT_SCRIPT = textwrap.dedent('''
 
     info = load_tokenizer_info("deepseek", vocab_size=129_344)
     rt = GrammarRuntime(info, "xgrammar", compile_timeout_s={limit}, compile_race=True)
+    rt._service.race_worker_after_s = {alone}  # also when the limit ends first
     rt.compile(GrammarSpec.regex("[0-9]+"))  # won here: the worker may still be starting
     while not rt.worker_pids():  # the limit counts from handing the job to a worker
         time.sleep(0.05)
@@ -290,9 +313,11 @@ RACE_TIME_LIMIT_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def test_race_keeps_the_time_limit_and_pauses_while_a_compile_runs_away(tmp_path):
+@pytest.mark.parametrize("alone", [0.25, 10.0])
+def test_race_keeps_the_time_limit_and_pauses_while_a_compile_runs_away(tmp_path, alone):
     limit = 2.0
-    script = RACE_TIME_LIMIT_SCRIPT.format(tests=os.path.dirname(__file__), limit=limit)
+    script = RACE_TIME_LIMIT_SCRIPT.format(tests=os.path.dirname(__file__), limit=limit,
+                                           alone=alone)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=280, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
