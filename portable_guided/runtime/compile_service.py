@@ -8,7 +8,7 @@ import contextlib
 import logging
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, ThreadPoolExecutor, wait
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from .errors import (
     GrammarTimeout,
     RuntimeClosed,
 )
+from .local_lane import LocalLane
 from .metrics import Metrics
 from .specs import GrammarSpec
 from .tokenizer_info import TokenizerInfo
@@ -47,11 +48,17 @@ RUNTIME_CACHE_VERSION = "14"
 #: compile above ~25 ms but up to 35x at the tail (a 150 ms compile took 5.6 s to ship),
 #: while a recompile costs what the worker just proved it costs.
 LOCAL_BELOW_S = 0.1
-#: With ``race=True``, how long a compile runs in this process alone before a worker starts
-#: the same compile. Strict JSON schemas of real-world collections compile in tens of
-#: milliseconds (Github_hard p50 12 ms with xgrammar): such compiles never occupy a second
-#: core, while the time limit, counted from submission, does not move.
-RACE_WORKER_AFTER_S = 0.25
+#: Raced compiles that may wait for a slot in this process at once (more queue for a thread).
+_RACE_WAITERS = 32
+#: With ``race=True``, how long a compile in this process may hold its slot before waiting
+#: compiles stop waiting for it and go to the workers (``LocalLane``). Strict JSON schemas of
+#: real-world collections compile in tens of milliseconds (Github_hard p50 12 ms, xgrammar).
+LOCAL_PATIENCE_S = 0.25
+#: With ``race=True``, long compiles (past ``LOCAL_PATIENCE_S``) that may run here beside the
+#: others; more go to the workers, where a compile that long is shipped back serialized (a
+#: burst of 16 Github_hard schemas: p50 1.0 s here, against 5.6 s through the workers and
+#: 7.1 s for xgrammar one after the other: bench/bench_compile_burst.py).
+LOCAL_LONG_SLOTS = 4
 
 #: Without a compile time limit, how long a miss waits for another process compiling the same
 #: key before compiling it here too (a held lock must never mean waiting forever).
@@ -93,18 +100,17 @@ class CompileService:
     :meth:`close`, pending compiles fail with :class:`RuntimeClosed` and :meth:`submit`
     refuses new ones.
 
-    ``race=True`` (latency first): each compile starts in a thread of this process, and
-    when it has not ended ``race_worker_after_s`` later the same compile starts in a worker
-    too; the first to finish decides. A grammar is then never shipped or compiled twice in
-    a row, so a miss costs about one compile instead of the worker's round trip plus a
-    recompile or a deserialization (bench/bench_compile.py), and most compiles (tens of
-    milliseconds) never reach a worker at all. The time limit still holds for the request:
-    when the worker is killed at the deadline the request fails as without racing. What
-    racing gives up: a compile past ``race_worker_after_s`` runs twice (one core each), and
-    a compile that never ends keeps running in its thread (CPU and memory) until it does;
-    while one such compile runs, no new race starts (compiles go through the worker alone).
-    An engine crash in the raced compile would take this process down. Off by default
-    (the vLLM and SGLang backends turn it on: docs/vllm.md).
+    ``race=True`` (latency first): compiles run in this process, as the serving engines'
+    own do, at most ``workers`` at once, smallest spec first (``LocalLane``); a grammar is
+    then never shipped or compiled twice, so a miss costs one compile instead of the
+    worker's round trip plus a recompile or a deserialization. What does not fit goes to
+    the workers as without racing: a compile that waited while every slot was held by a
+    compile running ``local_patience_s`` or more. The time limit still holds for the
+    request: at the deadline it fails with :class:`GrammarTimeout`. What this gives up: a
+    compile in this process cannot be killed, so one past its deadline keeps running in its
+    thread (CPU and memory) until it ends; while it runs, every compile goes to the workers
+    (``runaway``). An engine crash inside such a compile would take this process down. Off by
+    default (the vLLM and SGLang backends turn it on: docs/latency.md).
     """
 
     def __init__(
@@ -122,7 +128,7 @@ class CompileService:
         local_below_s: float = LOCAL_BELOW_S,
         metrics: Metrics | None = None,
         race: bool = False,
-        race_worker_after_s: float = RACE_WORKER_AFTER_S,
+        local_patience_s: float = LOCAL_PATIENCE_S,
     ) -> None:
         if engine != "auto" and engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose from {['auto', *ENGINES]}")
@@ -146,18 +152,16 @@ class CompileService:
         self._engine_lock = threading.Lock()
         self._inflight: dict[str, Future[CompiledGrammar]] = {}
         self._inflight_lock = threading.Lock()
-        self._threads = ThreadPoolExecutor(max(2, workers + 1), thread_name_prefix="pg-compile")
+        # Raced compiles wait in these threads for a slot in this process (LocalLane: a
+        # burst goes smallest first); other compiles only hand jobs over.
+        self._threads = ThreadPoolExecutor(_RACE_WAITERS if race else max(2, workers + 1),
+                                           thread_name_prefix="pg-compile")
         self._closed = False
         self._race = bool(race)
-        if not race_worker_after_s >= 0:
-            raise ValueError(f"race_worker_after_s must be >= 0 seconds, got {race_worker_after_s}")
-        self.race_worker_after_s = float(race_worker_after_s)
-        # Waits on the worker's side of each race (at most the time limit each).
-        self._race_legs = ThreadPoolExecutor(workers + 1, thread_name_prefix="pg-race-leg")
-        #: A raced compile in this process still running after its worker was killed at the
-        #: deadline; no race starts until it ends.
+        self._lane = LocalLane(workers, local_patience_s, long_slots=LOCAL_LONG_SLOTS)
+        #: A compile in this process still running past its deadline; every compile goes to
+        #: the workers until it ends.
         self.runaway: Future[Any] | None = None
-        self._legs: set[Future[Any]] = set()
         self._pool: WorkerPool | None = None
         if timeout_s is not None:
             self._pool = WorkerPool(
@@ -216,7 +220,6 @@ class CompileService:
         for fut in pending:
             _resolve(fut, error)
         self._threads.shutdown(wait=False, cancel_futures=True)
-        self._race_legs.shutdown(wait=False, cancel_futures=True)
         if self._pool is not None:
             self._pool.close()
 
@@ -368,23 +371,24 @@ class CompileService:
         """Compile a miss (``deadline``: when the worker's compile must be done, monotonic;
         default the service's limit from now)."""
         t0 = time.perf_counter()
-        text: str | None = None
         if self._pool is None:
-            grammar, source = _compile_here(engine, name, spec), "local"
-        elif self._race and self.runaway is None:
-            grammar, source = self._compile_raced(engine, name, spec, deadline), "race"
-        else:
-            assert self.timeout_s is not None
-            # "auto" with a disk cache too: a fast compile is redone here and serialized
-            # here for the disk, outside the limit; serializing in the worker counted
-            # against it (a 25 ms compile whose 83 MB took 3.3 s to serialize timed out).
-            status, text, worker_s = self._pool.run(
-                name, spec.to_dict(), self.timeout_s, serialize="auto", deadline=deadline)
-            t_reply = time.perf_counter()
-            _raise_for_status(status, text, name)
-            return self._finish_worker_compile(engine, spec, text, t0, t_reply, worker_s,
-                                               disk_key)
-        return self._compiled(engine, grammar, source, time.perf_counter() - t0, None, disk_key)
+            grammar = _compile_here(engine, name, spec)
+            return self._compiled(engine, grammar, "local", time.perf_counter() - t0, None,
+                                  disk_key)
+        if self._race and self.runaway is None:
+            grammar = self._compile_raced(engine, name, spec, deadline)
+            if grammar is not None:
+                return self._compiled(engine, grammar, "race", time.perf_counter() - t0,
+                                      None, disk_key)
+        assert self.timeout_s is not None
+        # "auto" with a disk cache too: a fast compile is redone here and serialized here
+        # for the disk, outside the limit; serializing in the worker counted against it (a
+        # 25 ms compile whose 83 MB took 3.3 s to serialize timed out).
+        status, text, worker_s = self._pool.run(
+            name, spec.to_dict(), self.timeout_s, serialize="auto", deadline=deadline)
+        t_reply = time.perf_counter()
+        _raise_for_status(status, text, name)
+        return self._finish_worker_compile(engine, spec, text, t0, t_reply, worker_s, disk_key)
 
     def _finish_worker_compile(self, engine: Engine, spec: GrammarSpec, text: Any,
                                t0: float, t_reply: float, worker_s: float,
@@ -417,10 +421,13 @@ class CompileService:
         return CompiledGrammar(engine, grammar, engine.nbytes(grammar), source, seconds)
 
     def _compile_raced(self, engine: Engine, name: str, spec: GrammarSpec,
-                       deadline: float | None = None) -> Any:
-        """Compile here, and in a worker too once this one has run ``race_worker_after_s``;
-        the first to finish decides (class doc)."""
-        assert self._pool is not None and self.timeout_s is not None
+                       deadline: float | None = None) -> Any | None:
+        """Compile in this process, the deadline kept (class doc); None when no slot here
+        came free in time (:class:`LocalLane`): the compile then goes to a worker."""
+        slot = self._lane.enter(len(spec.text), deadline)
+        if slot is None:
+            self.metrics.inc("race_lane_full")
+            return None
         here: Future[Any] = Future()
 
         def compile_here() -> None:
@@ -428,46 +435,22 @@ class CompileService:
                 here.set_result(_compile_here(engine, name, spec))
             except BaseException as exc:  # noqa: BLE001 - delivered to the waiting compile
                 here.set_exception(exc)
+            finally:
+                self._lane.leave(slot)
 
         # A daemon thread: a compile that never ends must not hold up the interpreter's exit.
-        threading.Thread(target=compile_here, name="pg-compile-race", daemon=True).start()
-        # Most compiles end before the worker would have started: they cost one compile and
-        # leave the other cores to the model's forward pass.
-        alone_s = self.race_worker_after_s
-        if deadline is not None:  # never past the limit without a worker to enforce it
-            alone_s = min(alone_s, max(0.0, deadline - time.monotonic()))
-        if wait([here], timeout=alone_s).done:
+        threading.Thread(target=compile_here, name="pg-compile-here", daemon=True).start()
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if wait([here], timeout=left).done:
             self.metrics.inc("races_won_here")
             return here.result()  # the grammar, or its compile error
-        self.metrics.inc("race_worker_legs")
-        worker = self._race_legs.submit(self._pool.run, name, spec.to_dict(), self.timeout_s,
-                                        "never", deadline=deadline)
-        self._legs.add(worker)
-        worker.add_done_callback(self._legs.discard)
-        wait([here, worker], return_when=FIRST_COMPLETED)
-        if here.done():
-            self.metrics.inc("races_won_here")
-            return here.result()  # the grammar, or its compile error
-        try:
-            status, reply, _ = worker.result()
-        except GrammarTimeout:
-            if not here.done():
-                self.runaway = here
-                self.metrics.inc("race_runaways")
-                log.warning("%r: compile still running in this process after the worker was "
-                            "killed at the deadline; no race starts until it ends", spec)
-                here.add_done_callback(self._runaway_ended)
-            raise
-        _raise_for_status(status, reply, name)
-        # The worker finished first, proving the compile ends: this process's ends too.
-        self.metrics.inc("races_won_worker")
-        return here.result()
-
-    @property
-    def race_legs_running(self) -> int:
-        """Worker sides of races still compiling (they go on after this process's side won;
-        a benchmark waits for them so that the next measurement has the cores)."""
-        return len(self._legs)
+        self.runaway = here
+        self.metrics.inc("race_runaways")
+        log.warning("%r: compile still running in this process at its deadline; compiles go "
+                    "to the workers until it ends", spec)
+        here.add_done_callback(self._runaway_ended)
+        raise GrammarTimeout(f"did not compile within the time limit of {self.timeout_s:g} s "
+                             f"(counted from submission; compiled in this process)", engine=name)
 
     def _runaway_ended(self, done: Future[Any]) -> None:
         if self.runaway is done:
