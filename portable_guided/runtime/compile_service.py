@@ -12,7 +12,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, Threa
 from dataclasses import dataclass
 from typing import Any
 
-from .cache import ByteLRUCache, DiskCache, FailureCache
+from .cache import ByteLRUCache, DiskCache, FailureCache, GrammarCache
 from .engines import (
     ENGINES,
     EmptyLanguage,
@@ -39,7 +39,7 @@ __all__ = ["RUNTIME_CACHE_VERSION", "CompileService", "CompiledGrammar"]
 log = logging.getLogger(__name__)
 
 #: Part of the disk cache key: bumped whenever a spec may compile to another grammar (CHANGELOG.md).
-RUNTIME_CACHE_VERSION = "14"
+RUNTIME_CACHE_VERSION = "15"
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
 #: receiving the worker's serialized grammar. Kept at 0.1 s by measurement (xgrammar 0.2.8,
@@ -117,7 +117,7 @@ class CompileService:
         workers: int = 1,
         fill_threads: int = 1,
         cache_bytes: int = 512 << 20,
-        disk_cache_dir: str | DiskCache | None = None,
+        disk_cache_dir: str | GrammarCache | None = None,
         failure_ttl_s: float = 30.0,
         local_below_s: float = LOCAL_BELOW_S,
         metrics: Metrics | None = None,
@@ -139,9 +139,11 @@ class CompileService:
         self._fill_threads = fill_threads
         self._memory: ByteLRUCache[CompiledGrammar] = ByteLRUCache(cache_bytes)
         self._failures = FailureCache(failure_ttl_s)
-        self._disk: DiskCache | None = (
-            disk_cache_dir if isinstance(disk_cache_dir, DiskCache)
+        self._disk: GrammarCache | None = (
+            disk_cache_dir if isinstance(disk_cache_dir, GrammarCache)
             else DiskCache(disk_cache_dir) if disk_cache_dir else None)
+        if self._disk is not None:
+            self._disk.attach_metrics(self.metrics)
         self._engines: dict[str, Engine] = {}
         self._engine_lock = threading.Lock()
         self._inflight: dict[str, Future[CompiledGrammar]] = {}
