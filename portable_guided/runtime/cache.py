@@ -214,8 +214,13 @@ class GrammarCache:
         self._metrics: Metrics | None = None
 
     def attach_metrics(self, metrics: Metrics) -> None:
-        """Count this cache's events (rejected entries, degraded operations) in ``metrics``."""
+        """Count this cache's events (rejected entries, degraded operations) in ``metrics``,
+        those met so far (e.g. an unsafe directory at construction) included."""
         self._metrics = metrics
+        for name, count in (("cache_problems", self.problems),
+                            ("cache_entries_rejected", self.rejected)):
+            if count:
+                metrics.inc(name, count)
 
     def _count(self, name: str) -> None:
         if self._metrics is not None:
@@ -334,8 +339,10 @@ class DiskCache(GrammarCache):
 
     def secret(self) -> bytes | None:
         """The secret entries are authenticated with (read, or made, on first use); None
-        when it cannot be had (the cache is then not used)."""
-        if self._secret is None and self.unusable is None:
+        when it cannot be had or the directory is not used."""
+        if self.unusable is not None:
+            return None
+        if self._secret is None:
             try:
                 self._secret = _directory_secret(self.directory, self._check, self.shared)
             except UnsafeCachePath as exc:

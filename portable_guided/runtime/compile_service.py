@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cache import ByteLRUCache, DiskCache, FailureCache, GrammarCache
+from .cache_setup import open_cache, shared_failure_error
 from .engines import (
     ENGINES,
     EmptyLanguage,
@@ -141,7 +142,7 @@ class CompileService:
         self._failures = FailureCache(failure_ttl_s)
         self._disk: GrammarCache | None = (
             disk_cache_dir if isinstance(disk_cache_dir, GrammarCache)
-            else DiskCache(disk_cache_dir) if disk_cache_dir else None)
+            else open_cache(disk_cache_dir) if disk_cache_dir else None)
         if self._disk is not None:
             self._disk.attach_metrics(self.metrics)
         self._engines: dict[str, Engine] = {}
@@ -336,7 +337,8 @@ class CompileService:
         hit = self._from_disk(engine, disk_key)
         if hit is not None:
             return hit
-        # A miss: one compile across the processes sharing the directory; the others wait
+        self._raise_shared_failure(name, disk_key)
+        # A miss: one compile across the processes sharing the cache; the others wait
         # and then load its entry, or compile here when it left none (its compile failed,
         # or it is still compiling: a compile here then has what the deadline leaves).
         # With a limit, at most half of what is left goes to waiting: a holder that is stuck
@@ -347,7 +349,24 @@ class CompileService:
             hit = self._from_disk(engine, disk_key)
             if hit is not None:
                 return hit
-            return self._compile_new(engine, name, spec, disk_key, deadline=deadline)
+            self._raise_shared_failure(name, disk_key)
+            try:
+                return self._compile_new(engine, name, spec, disk_key, deadline=deadline)
+            except GrammarCompileError as exc:
+                # Recorded before the lock is released: its waiters fail at once (a shared
+                # cache; the local directory records none). A dead worker says nothing.
+                if not isinstance(exc, CompileWorkerLost):
+                    self._disk.put_failure(disk_key, type(exc).__name__, str(exc),
+                                           self._failures.ttl_s)
+                raise
+
+    def _raise_shared_failure(self, name: str, disk_key: str) -> None:
+        """Raise the failure another process recorded for ``disk_key``, if any."""
+        assert self._disk is not None
+        record = self._disk.failure(disk_key)
+        if record is not None:
+            self.metrics.inc("cache_hits_shared_failure")
+            raise shared_failure_error(*record, engine=name)
 
     def _from_disk(self, engine: Engine, disk_key: str) -> CompiledGrammar | None:
         assert self._disk is not None

@@ -234,3 +234,28 @@ def test_directory_and_entry_owned_by_another_user_are_refused(tmp_path, caplog)
     assert DiskCache(tmp_path / "c").unusable.startswith(
         f"{tmp_path / 'c'} is owned by uid 12345, not by this process's uid 0")
     assert DiskCache(tmp_path / "c", shared=True).get(key) == "text"
+
+
+def test_runtime_reads_the_cache_settings_from_the_environment(deepseek, tmp_path,
+                                                               monkeypatch):
+    """What the vLLM and SGLang backends rely on: a runtime built with only a directory
+    takes the secret and the shared flag from the environment."""
+    monkeypatch.setenv(SECRET_ENV, "fleet-secret-one-0123456789")
+    monkeypatch.setenv(SHARED_ENV, "1")
+    folder = tmp_path / "c"
+    folder.mkdir()
+    folder.chmod(0o777)  # shared on purpose
+    with GrammarRuntime(deepseek, "llguidance", compile_timeout_s=None,
+                        disk_cache_dir=str(folder)) as rt:
+        assert rt.compile(OBJECT).source == "local"
+    (entry,) = folder.rglob("*.grammar")
+    reader = DiskCache(folder, secret="fleet-secret-one-0123456789", shared=True)
+    assert reader.get(entry.stem) is not None and not (folder / "secret").exists()
+    monkeypatch.setenv(SHARED_ENV, "0")
+    with GrammarRuntime(deepseek, "llguidance", compile_timeout_s=None,
+                        disk_cache_dir=str(folder)) as rt:
+        assert rt.compile(OBJECT).source == "local"  # not shared: the directory is refused
+        assert rt.metrics()["cache_problems"] == 1
+    with GrammarRuntime(deepseek, "llguidance", compile_timeout_s=None,
+                        disk_cache_dir=str(folder), cache_shared=True) as rt:
+        assert rt.compile(OBJECT).source == "disk"
