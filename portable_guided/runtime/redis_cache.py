@@ -194,7 +194,7 @@ class RedisCache(GrammarCache):
             return None
         text = unpack_entry(self._secret, "f:" + key, data)
         try:
-            record = json.loads(text) if text is not None else None
+            record: Any = json.loads(text) if text is not None else None
             kind, message = record["type"], record["message"]
         except (ValueError, TypeError, KeyError):
             self._reject(name, data)
