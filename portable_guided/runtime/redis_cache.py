@@ -102,21 +102,34 @@ class RedisCache(GrammarCache):
         self.rejected = 0
         self._warned_rejected = False
 
+    def attach_metrics(self, metrics: Any) -> None:
+        """Count this cache's events, and its local directory's, in ``metrics``."""
+        super().attach_metrics(metrics)
+        if self.local is not None:
+            self.local.attach_metrics(metrics)
+
     # -- health ----------------------------------------------------------------------------
     @property
     def available(self) -> bool:
         """Whether Redis is used now (False for ``retry_after_s`` after a failed call)."""
         return time.monotonic() >= self._down_until
 
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+    def _call(self, what: str, fn: Any, *args: Any, always: bool = False, trip: bool = True,
+              **kwargs: Any) -> tuple[bool, Any]:
         """``(True, result)`` of a Redis call, or ``(False, None)`` when Redis is down or the
-        call failed (then Redis is left alone for ``retry_after_s``)."""
-        if not self.available:
+        call failed (then Redis is left alone for ``retry_after_s``). ``always``: tried even
+        while Redis is left alone (the lock this process holds); ``trip=False``: a failure
+        only returns ``(False, None)``."""
+        if not (always or self.available):
             return False, None
         try:
             result = fn(*args, **kwargs)
         except self._errors as exc:
-            self._failed(what, exc)
+            if trip:
+                self._failed(what, exc)
+            else:
+                log.debug("Redis cache %s: could not %s (%s: %s)", self._where(), what,
+                          type(exc).__name__, exc)
             return False, None
         if self._outage_warned:
             with self._state_lock:
@@ -256,13 +269,16 @@ class RedisCache(GrammarCache):
         finally:
             stop.set()
             renewer.join(self.timeout_s * 2 + 1)
-            self._call("release a lock", self._release, keys=[name], args=[token])
+            self._call("release a lock", self._release, keys=[name], args=[token],
+                       always=True)
 
     def _keep(self, name: str, token: str, ttl_ms: int, stop: threading.Event) -> None:
-        """Renew the lock ``name`` while ``stop`` is not set (three times per TTL)."""
+        """Renew the lock ``name`` while ``stop`` is not set (three times per TTL: a renewal
+        that fails, e.g. a reply slowed past the timeout by a busy process, is tried again at
+        the next one, and sends no other call to the local cache)."""
         while not stop.wait(self.lock_ttl_s / 3):
             ok, renewed = self._call("renew a lock", self._renew, keys=[name],
-                                     args=[token, ttl_ms])
+                                     args=[token, ttl_ms], always=True, trip=False)
             if ok and not renewed:
                 log.warning("Redis cache: the lock of %s expired while compiling it (a pause "
                             "longer than %g s); another process may compile it too",
