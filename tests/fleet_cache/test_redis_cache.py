@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SECRET, RedisServer
+from fleet_helpers import SECRET, RedisServer
 
 from portable_guided.runtime import (
     GrammarRuntime,
