@@ -637,7 +637,7 @@ def _directory_secret(directory: str, check: Callable[[str, os.stat_result], Non
         if len(data) == 64:
             return data
         time.sleep(0.01)  # pragma: no cover - made by a writer without link(): being written
-    raise OSError(f"{path} holds no secret of 64 hex digits")
+    raise UnsafeCachePath(f"{path} holds no secret of 64 hex digits ({len(data)} bytes)")
 
 
 def _make_secret(directory: str, path: str) -> None:

@@ -354,8 +354,9 @@ class CompileService:
                 return self._compile_new(engine, name, spec, disk_key, deadline=deadline)
             except GrammarCompileError as exc:
                 # Recorded before the lock is released: its waiters fail at once (a shared
-                # cache; the local directory records none). A dead worker says nothing.
-                if not isinstance(exc, CompileWorkerLost):
+                # cache; the local directory records none). A dead worker, or a limit spent
+                # in this process's queue, says nothing of the grammar to other processes.
+                if not (isinstance(exc, CompileWorkerLost) or "never started" in str(exc)):
                     self._disk.put_failure(disk_key, type(exc).__name__, str(exc),
                                            self._failures.ttl_s)
                 raise

@@ -208,9 +208,11 @@ class RedisCache(GrammarCache):
         text = unpack_entry(self._secret, "f:" + key, data)
         try:
             record: Any = json.loads(text) if text is not None else None
-            kind, message = record["type"], record["message"]
+            kind, message, until = record["type"], record["message"], float(record["until"])
         except (ValueError, TypeError, KeyError):
             self._reject(name, data)
+            return None
+        if until < time.time():  # a valid record replayed past its TTL: not a failure now
             return None
         return str(kind), str(message)
 
@@ -218,7 +220,8 @@ class RedisCache(GrammarCache):
         """Record a failed compile of ``key`` for ``ttl_s`` seconds, for the whole fleet."""
         if ttl_s <= 0:
             return
-        body = json.dumps({"type": kind, "message": message})
+        # The expiry is inside the MAC: a record copied back after its TTL is ignored.
+        body = json.dumps({"type": kind, "message": message, "until": time.time() + ttl_s})
         self._call("record a failure", self._redis.set, f"{self.prefix}f:{key}",
                    pack_entry(self._secret, "f:" + key, body), px=max(1, int(ttl_s * 1000)))
 

@@ -198,6 +198,20 @@ def test_forged_failure_record_is_ignored(redis_url, redis_server, info):
         assert redis_server.client.get(f"portable-guided:f:{key}") is None
 
 
+def test_failure_record_replayed_after_its_ttl_is_ignored(redis_url, redis_server, info):
+    """An authentic record copied back after it expired (its expiry is under the MAC) does
+    not fail the spec again."""
+    with GrammarRuntime(info, ENGINE, compile_timeout_s=None) as rt:
+        key = _entry_key(rt, info, OBJECT)
+        body = json.dumps({"type": "GrammarTimeout", "message": "old",
+                           "until": time.time() - 1})
+        redis_server.client.set(f"portable-guided:f:{key}",
+                                pack_entry(SECRET.encode(), "f:" + key, body))
+        assert rt.compile(OBJECT).source == "local"
+        m = rt.metrics()
+        assert m["cache_entries_rejected"] == 0 and m["cache_hits_shared_failure"] == 0
+
+
 _HOLDER = textwrap.dedent("""
     import sys, time
     from portable_guided.runtime.redis_cache import RedisCache

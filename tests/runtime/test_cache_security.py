@@ -219,6 +219,15 @@ def test_secret_readable_by_others_is_refused(tmp_path):
     assert DiskCache(tmp_path, shared=True).secret() is not None
 
 
+def test_a_secret_file_without_a_secret_disables_the_cache_once(tmp_path):
+    (tmp_path / "secret").write_bytes(b"short\n")
+    (tmp_path / "secret").chmod(0o600)
+    cache = DiskCache(tmp_path)
+    key = DiskCache.make_key(spec="x")
+    assert cache.secret() is None and cache.put(key, "t") is False and cache.get(key) is None
+    assert cache.problems == 1 and "holds no secret of 64 hex digits (5 bytes)" in cache.unusable
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
                     reason="giving a file to another user needs root")
 def test_directory_and_entry_owned_by_another_user_are_refused(tmp_path, caplog):
