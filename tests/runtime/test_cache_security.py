@@ -267,3 +267,17 @@ def test_runtime_reads_the_cache_settings_from_the_environment(deepseek, tmp_pat
     with GrammarRuntime(deepseek, "llguidance", compile_timeout_s=None,
                         disk_cache_dir=str(folder), cache_shared=True) as rt:
         assert rt.compile(OBJECT).source == "disk"
+
+
+def test_a_secret_made_second_loses_to_the_first(tmp_path):
+    """The race step by step: a process that made its secret after another one linked
+    its own keeps the first one, and leaves no temporary file."""
+    from portable_guided.runtime.cache import _make_secret
+
+    path = str(tmp_path / "secret")
+    _make_secret(str(tmp_path), path)
+    first = (tmp_path / "secret").read_bytes()
+    _make_secret(str(tmp_path), path)
+    assert (tmp_path / "secret").read_bytes() == first and len(first.strip()) == 64
+    assert os.listdir(tmp_path) == ["secret"]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
