@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 HEAVY = ("torch", "paddle", "jax", "xgrammar", "torch_xla", "llguidance", "transformers",
-         "triton")
+         "triton", "redis")
 
 
 def test_import_is_light():

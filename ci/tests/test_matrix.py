@@ -24,7 +24,7 @@ from ci.matrix import (
 )
 
 EXPECTED_LANES = {"cpu", "paddle", "xla-cpu", "jax-cpu", "vllm-cpu", "vllm033-cpu", "sglang-cpu",
-                  "lint", "cuda", "tpu", "xpu", "npu"}
+                  "redis-cpu", "lint", "cuda", "tpu", "xpu", "npu"}
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "matrix.yml"
 
 _MINIMAL = """
@@ -59,7 +59,7 @@ def test_lanes_without_hardware_are_exactly_the_hosted_ones() -> None:
     lanes = load_lanes()
     runnable_anywhere = {name for name, lane in lanes.items() if not lane.needs_hardware}
     assert runnable_anywhere == {"cpu", "paddle", "xla-cpu", "jax-cpu", "vllm-cpu", "vllm033-cpu",
-                                 "sglang-cpu", "lint"}
+                                 "sglang-cpu", "redis-cpu", "lint"}
     assert {name for name, lane in lanes.items() if lane.self_hosted} == EXPECTED_LANES - runnable_anywhere
 
 

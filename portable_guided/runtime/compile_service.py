@@ -12,7 +12,8 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor, wa
 from dataclasses import dataclass
 from typing import Any
 
-from .cache import ByteLRUCache, DiskCache, FailureCache
+from .cache import ByteLRUCache, DiskCache, FailureCache, GrammarCache
+from .cache_setup import open_cache, shared_failure_error
 from .engines import (
     ENGINES,
     EmptyLanguage,
@@ -40,7 +41,7 @@ __all__ = ["RUNTIME_CACHE_VERSION", "CompileService", "CompiledGrammar"]
 log = logging.getLogger(__name__)
 
 #: Part of the disk cache key: bumped whenever a spec may compile to another grammar (CHANGELOG.md).
-RUNTIME_CACHE_VERSION = "14"
+RUNTIME_CACHE_VERSION = "15"
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
 #: receiving the worker's serialized grammar. Kept at 0.1 s by measurement (xgrammar 0.2.8,
@@ -123,7 +124,7 @@ class CompileService:
         workers: int = 1,
         fill_threads: int = 1,
         cache_bytes: int = 512 << 20,
-        disk_cache_dir: str | DiskCache | None = None,
+        disk_cache_dir: str | GrammarCache | None = None,
         failure_ttl_s: float = 30.0,
         local_below_s: float = LOCAL_BELOW_S,
         metrics: Metrics | None = None,
@@ -145,9 +146,11 @@ class CompileService:
         self._fill_threads = fill_threads
         self._memory: ByteLRUCache[CompiledGrammar] = ByteLRUCache(cache_bytes)
         self._failures = FailureCache(failure_ttl_s)
-        self._disk: DiskCache | None = (
-            disk_cache_dir if isinstance(disk_cache_dir, DiskCache)
-            else DiskCache(disk_cache_dir) if disk_cache_dir else None)
+        self._disk: GrammarCache | None = (
+            disk_cache_dir if isinstance(disk_cache_dir, GrammarCache)
+            else open_cache(disk_cache_dir) if disk_cache_dir else None)
+        if self._disk is not None:
+            self._disk.attach_metrics(self.metrics)
         self._engines: dict[str, Engine] = {}
         self._engine_lock = threading.Lock()
         self._inflight: dict[str, Future[CompiledGrammar]] = {}
@@ -337,7 +340,8 @@ class CompileService:
         hit = self._from_disk(engine, disk_key)
         if hit is not None:
             return hit
-        # A miss: one compile across the processes sharing the directory; the others wait
+        self._raise_shared_failure(name, disk_key)
+        # A miss: one compile across the processes sharing the cache; the others wait
         # and then load its entry, or compile here when it left none (its compile failed,
         # or it is still compiling: a compile here then has what the deadline leaves).
         # With a limit, at most half of what is left goes to waiting: a holder that is stuck
@@ -348,7 +352,25 @@ class CompileService:
             hit = self._from_disk(engine, disk_key)
             if hit is not None:
                 return hit
-            return self._compile_new(engine, name, spec, disk_key, deadline=deadline)
+            self._raise_shared_failure(name, disk_key)
+            try:
+                return self._compile_new(engine, name, spec, disk_key, deadline=deadline)
+            except GrammarCompileError as exc:
+                # Recorded before the lock is released: its waiters fail at once (a shared
+                # cache; the local directory records none). A dead worker, or a limit spent
+                # in this process's queue, says nothing of the grammar to other processes.
+                if not (isinstance(exc, CompileWorkerLost) or "never started" in str(exc)):
+                    self._disk.put_failure(disk_key, type(exc).__name__, str(exc),
+                                           self._failures.ttl_s)
+                raise
+
+    def _raise_shared_failure(self, name: str, disk_key: str) -> None:
+        """Raise the failure another process recorded for ``disk_key``, if any."""
+        assert self._disk is not None
+        record = self._disk.failure(disk_key)
+        if record is not None:
+            self.metrics.inc("cache_hits_shared_failure")
+            raise shared_failure_error(*record, engine=name)
 
     def _from_disk(self, engine: Engine, disk_key: str) -> CompiledGrammar | None:
         assert self._disk is not None

@@ -59,7 +59,8 @@ class Metrics:
         "cache_hits_failure", "cache_misses", "inflight_dedup", "engine_fallbacks",
         "workers_killed", "requests", "requests_failed", "tokens_accepted", "tokens_rejected",
         "rollbacks", "fill_steps", "fill_rows", "forced_stops", "races_won_here",
-        "race_runaways", "race_lane_full",
+        "race_runaways", "race_lane_full", "cache_entries_rejected", "cache_problems",
+        "cache_hits_shared_failure",
     )
     #: Timings every runtime reports, even before their first sample.
     TIMINGS = ("compile", "compile_wait", "fill")

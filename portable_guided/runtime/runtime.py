@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from ..validation import int_list
+from .cache import GrammarCache
+from .cache_setup import open_cache
 from .compile_service import CompiledGrammar, CompileService
 from .engines import DEFAULT_ENGINE, Engine, Matcher
 from .fill_pool import FillPool
@@ -58,7 +60,13 @@ class GrammarRuntime:
     ``parallel_fill_min_us`` (cheaper steps are filled in the calling thread, since handing
     them to threads costs more than it saves); ``cache_bytes`` bounds the in-memory cache
     of compiled grammars; ``disk_cache_dir`` enables the on-disk cache shared by processes
-    and tensor-parallel ranks; failed compiles are remembered for ``failure_ttl_s``;
+    and tensor-parallel ranks, ``cache_url`` (``redis://host:port/db``) the one shared by a
+    fleet (Redis over the directory, if any), entries authenticated under ``cache_secret``,
+    ``cache_shared=True`` for a directory shared on purpose (defaults:
+    ``$PORTABLE_GUIDED_CACHE_URL``, ``$PORTABLE_GUIDED_CACHE_SECRET``,
+    ``$PORTABLE_GUIDED_CACHE_SHARED``; docs/cache.md; a ``GrammarCache`` may be passed as
+    ``disk_cache_dir``); failed compiles are remembered for ``failure_ttl_s`` (with a
+    fleet cache, for the whole fleet);
     ``compile_race=True`` races each worker compile with the same compile in this process
     for about one compile's latency instead of the worker's round trip (it costs a second
     core per compile and can leave a never-ending compile running in this process: see
@@ -73,13 +81,16 @@ class GrammarRuntime:
         compile_timeout_s: float | None = 30.0,
         fill_threads: int = 2,
         cache_bytes: int = 512 << 20,
-        disk_cache_dir: str | None = None,
+        disk_cache_dir: str | GrammarCache | None = None,
         compile_workers: int = 1,
         failure_ttl_s: float = 30.0,
         auto_order: tuple[str, ...] = ("llguidance", "xgrammar"),
         local_recompile_below_s: float = 0.1,
         parallel_fill_min_us: float = 400.0,
         compile_race: bool = False,
+        cache_url: str | None = None,
+        cache_secret: str | bytes | None = None,
+        cache_shared: bool | None = None,
     ) -> None:
         if isinstance(tokenizer_info, str):
             tokenizer_info = load_tokenizer_info(tokenizer_info)
@@ -96,6 +107,9 @@ class GrammarRuntime:
         # Moving average of one row's fill time (seconds, as if filled by one thread).
         self._row_cost = 0.0
         self.metrics_sink = Metrics()
+        if not isinstance(disk_cache_dir, GrammarCache):
+            disk_cache_dir = open_cache(disk_cache_dir, url=cache_url, secret=cache_secret,
+                                        shared=cache_shared)
         self._service = CompileService(
             tokenizer_info, engine=engine, auto_order=auto_order, timeout_s=compile_timeout_s,
             workers=compile_workers, fill_threads=fill_threads, cache_bytes=cache_bytes,

@@ -47,7 +47,7 @@ def test_another_library_version_misses(deepseek, tmp_path, monkeypatch):
 
 def test_size_bound_evicts_least_recently_used(tmp_path):
     cache = DiskCache(tmp_path, max_bytes=3 * 1100)
-    header = len(b"portable-guided-grammar-v2 ") + 64 + 1 + 64 + 1  # magic key sha\n
+    header = len(b"portable-guided-grammar-v3 ") + 64 + 1 + 64 + 1  # magic key sha\n
     for i, key in enumerate(("a1", "b2", "c3")):
         cache.put(key * 32, "x" * (1100 - header))
         os.utime(cache._path(key * 32), (1000 + i, 1000 + i))  # a1 oldest
@@ -180,7 +180,7 @@ def test_stale_temporary_files_are_removed_and_live_ones_counted(tmp_path):
     (tmp_path / "a1" / "tmplive.tmp").write_bytes(b"l" * 600)  # another process writing
     assert cache.put("c3" * 32, body)  # 300 + 300 + 600 bytes: over the bound, a1 goes
     left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
-    assert left == ["a1/tmplive.tmp", f"c3/{'c3' * 32}.grammar"]
+    assert left == ["a1/tmplive.tmp", f"c3/{'c3' * 32}.grammar", "secret"]
     assert cache.get("c3" * 32) == body and cache.problems == 0
 
 

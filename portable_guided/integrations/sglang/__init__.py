@@ -28,7 +28,11 @@ Environment:
   calls). Default ``1``: verified builds only.
 - The backend's settings: ``PORTABLE_GUIDED_SGLANG_ENGINE`` (``xgrammar``, ``llguidance`` or
   ``auto``; default ``xgrammar``: the backend serves xgrammar's strict language), ``PORTABLE_GUIDED_SGLANG_COMPILE_TIMEOUT_S`` (default 30),
-  ``PORTABLE_GUIDED_SGLANG_CACHE_DIR`` (on-disk compile cache shared by processes).
+  ``PORTABLE_GUIDED_SGLANG_CACHE_DIR`` (on-disk compile cache shared by processes), and the
+  runtime's own cache settings (docs/cache.md): ``PORTABLE_GUIDED_CACHE_URL`` (a Redis shared
+  by every rank and host: one compile per schema for the fleet, failures shared),
+  ``PORTABLE_GUIDED_CACHE_SECRET`` (authenticates entries; the fleet shares it),
+  ``PORTABLE_GUIDED_CACHE_SHARED=1`` (a cache directory shared on purpose).
 """
 
 from __future__ import annotations

@@ -28,7 +28,10 @@ Environment:
   cores, as vLLM's own grammar threads, at most 4), ``PORTABLE_GUIDED_VLLM_COMPILE_RACE``
   (``1``: race each worker compile in this process, see ``GrammarRuntime``),
   ``PORTABLE_GUIDED_VLLM_CACHE_DIR`` (on-disk compile cache shared by processes; default
-  none).
+  none), and the runtime's own cache settings (docs/cache.md): ``PORTABLE_GUIDED_CACHE_URL``
+  (a Redis shared by every engine core and host: one compile per schema for the fleet,
+  failures shared), ``PORTABLE_GUIDED_CACHE_SECRET`` (authenticates entries; the fleet
+  shares it), ``PORTABLE_GUIDED_CACHE_SHARED=1`` (a cache directory shared on purpose).
 """
 
 from __future__ import annotations
