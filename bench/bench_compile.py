@@ -9,7 +9,7 @@ compile in this process; after each call the benchmark waits for the worker's si
 the next measurement has both cores). Percentiles are over the schemas every mode compiled. Then the time limit: a pathological schema (xgrammar expands ``maxLength: 32767``)
 must fail within 1.5x the limit, its worker killed.
 
-    python bench/bench_compile.py --engine xgrammar --schemas 150 --json bench/results/compile_cpu_race.json
+    python bench/bench_compile.py --engine xgrammar --schemas 150 --json /tmp/compile_cpu.json
 """
 
 from __future__ import annotations

@@ -330,7 +330,7 @@ class CompileService:
         if deadline is not None and time.monotonic() >= deadline:
             raise GrammarTimeout(f"the time limit of {self.timeout_s:g} s (counted from "
                                  f"submission) ran out before engine {name} could start",
-                                 engine=name)
+                                 engine=name, started=False)
         if self._disk is None:
             return self._compile_new(engine, name, spec, None, deadline=deadline)
         disk_key = DiskCache.make_key(
@@ -359,7 +359,8 @@ class CompileService:
                 # Recorded before the lock is released: its waiters fail at once (a shared
                 # cache; the local directory records none). A dead worker, or a limit spent
                 # in this process's queue, says nothing of the grammar to other processes.
-                if not (isinstance(exc, CompileWorkerLost) or "never started" in str(exc)):
+                if not (isinstance(exc, CompileWorkerLost)
+                        or (isinstance(exc, GrammarTimeout) and not exc.started)):
                     self._disk.put_failure(disk_key, type(exc).__name__, str(exc),
                                            self._failures.ttl_s)
                 raise

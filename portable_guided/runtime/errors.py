@@ -46,7 +46,14 @@ class GrammarCompileError(GrammarError):
 
 
 class GrammarTimeout(GrammarCompileError):
-    """A compile ran past its time limit; the worker that ran it was killed."""
+    """A compile ran past its time limit (a worker running it was killed). ``started``:
+    False when the limit ran out before the compile started (it waited for a worker the
+    whole time), which says nothing of the grammar."""
+
+    def __init__(self, message: str, engine: str | None = None, *,
+                 started: bool = True) -> None:
+        super().__init__(message, engine)
+        self.started = started
 
 
 class GrammarEmptyLanguage(GrammarCompileError):

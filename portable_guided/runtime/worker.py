@@ -896,7 +896,7 @@ class WorkerPool:
         for job in expired:
             _deliver(job, GrammarTimeout(
                 f"compile waited its whole time limit of {job.timeout_s:g} s for a free "
-                f"compile worker and never started", engine=job.engine))
+                f"compile worker and never started", engine=job.engine, started=False))
         for job in stranded:  # an infrastructure fault: CompileWorkerLost is never cached
             _deliver(job, CompileWorkerLost(
                 f"no compile worker became available in {self._start_timeout_s} s"

@@ -67,7 +67,8 @@ def test_a_job_that_waits_its_whole_limit_never_starts(deepseek):
                     record("queued"))
         assert done.wait(30)
         queued, at = outcomes["queued"]
-        assert isinstance(queued, GrammarTimeout) and "never started" in str(queued), queued
+        assert isinstance(queued, GrammarTimeout) and not queued.started, queued
+        assert "never started" in str(queued), queued
         assert 0.5 <= at - t0 <= 0.5 * 1.25 + 0.75, at - t0  # (slack: a loaded machine)
         slow, at = outcomes["slow"]
         assert isinstance(slow, GrammarTimeout) and at - t0 <= 1.5 * 1.25 + 0.75

@@ -168,7 +168,9 @@ class PortableGuidedGrammarBackend(BaseGrammarBackend):
         timeout_s = env_seconds("PORTABLE_GUIDED_SGLANG_COMPILE_TIMEOUT_S", 30.0)
         self.runtime = GrammarRuntime(
             info, engine=self.engine, compile_timeout_s=timeout_s,
-            disk_cache_dir=os.environ.get("PORTABLE_GUIDED_SGLANG_CACHE_DIR") or None)
+            disk_cache_dir=os.environ.get("PORTABLE_GUIDED_SGLANG_CACHE_DIR") or None,
+            # As for vLLM: compiles start here and reach a worker only past a quarter second.
+            compile_race=os.environ.get("PORTABLE_GUIDED_SGLANG_COMPILE_RACE", "1") == "1")
         self.vocab_size = vocab_size
         self.any_whitespace = any_whitespace
         logger.info("portable_guided grammar runtime serves SGLang's constrained decoding "
