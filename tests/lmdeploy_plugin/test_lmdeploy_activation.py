@@ -67,3 +67,15 @@ def test_a_process_without_lmdeploy_imports_nothing_of_ours() -> None:
                          check=True, env={**os.environ, "PORTABLE_GUIDED_LMDEPLOY": "1"},
                          cwd="/")
     assert out.stdout.strip() == "['portable_guided_lmdeploy_hook']"
+
+
+def test_register_before_lmdeploys_engine_is_imported() -> None:
+    """Calling register() first (a script that activates the plugin itself) imports the
+    trigger module, whose .pth hook registers too: no deadlock, one takeover."""
+    code = ("import lmdeploy\nfrom portable_guided.integrations import lmdeploy as p\n"
+            "p.register()\nfrom lmdeploy.pytorch.engine.guided_process import "
+            "GuidedDecodingManager as G\nraw = G.__dict__['apply_batched_bitmap']\n"
+            "print(p.taken_over(), hasattr(raw.__wrapped__, '__wrapped__'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120, cwd="/")
+    assert out.stdout.strip().splitlines()[-1] == "{'apply': 'verified'} False"

@@ -39,6 +39,7 @@ Environment:
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import os
 import threading
@@ -55,11 +56,10 @@ ENV_BACKEND = "PORTABLE_GUIDED_LMDEPLOY_BACKEND"
 #: lmdeploy versions whose functions this plugin was verified against.
 TESTED_LMDEPLOY_VERSIONS = ("0.18.0",)
 
-_MANAGER = "lmdeploy.pytorch.engine.guided_process"
 _PROCESSOR = "lmdeploy.pytorch.engine.logits_process"
 
 logger = logging.getLogger("lmdeploy.plugins.portable_guided")
-_lock = threading.Lock()
+_lock = threading.RLock()
 #: (owner class, attribute) -> lmdeploy's own function, while ours is installed.
 _originals: dict[tuple[Any, str], Callable[..., Any]] = {}
 _taken: dict[str, str] = {}  # takeover -> build (or "forced")
@@ -81,6 +81,12 @@ def register() -> None:
 
     version = str(getattr(lmdeploy, "__version__", "unknown"))
     force = setting == "force"
+    try:
+        # Outside the lock: this import is what triggers the .pth hook's own register() in
+        # a process that has not imported lmdeploy's engine yet (it must not wait on us).
+        importlib.import_module(_PROCESSOR)
+    except ImportError as exc:  # the guard then finds the functions missing, and says so
+        logger.warning("portable_guided could not import %s: %s", _PROCESSOR, exc)
     with _lock:
         if "apply" not in _taken:
             _take_over("apply", version, force, _install_apply)
@@ -116,6 +122,8 @@ def _take_over(name: str, version: str, force: bool,
     from . import guard
 
     found = guard.current(version, _originals_by_name())
+    if name in _taken:  # taken while the fingerprints' imports ran (the .pth hook)
+        return
     build = guard.GUARD.match(found, name)
     if build is None and not force:
         why = guard.GUARD.mismatches(found, name)

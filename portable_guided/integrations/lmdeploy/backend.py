@@ -148,7 +148,9 @@ class Processor:
         if request is None:
             return
         self.tokens.append(int(token))
-        if not request.accept(int(token)):
+        failed_before, rejected_before = request.failed, request.num_rejected
+        if (not request.accept(int(token)) and not failed_before
+                and request.num_rejected > rejected_before == 0):
             logger.error("portable_guided: the grammar rejected token %d (position %d); the "
                          "request fails closed (only stop tokens from now on)", int(token),
                          len(self.tokens) - 1)
