@@ -182,7 +182,7 @@ def _install_apply(name: str, build: str) -> None:
 
     original = GuidedDecodingManager.__dict__["apply_batched_bitmap"]
     takeover = guard.Takeover(name=name, original=original, build=build)
-    takeover.canary = guard.canary(name, lambda: _restore_locked_free("apply"))
+    takeover.canary = guard.canary(name, lambda: _restore_from_canary("apply"))
     apply.TAKEOVER = takeover
 
     def apply_batched_bitmap(self: Any, logits: Any, guided_bitmask: Any) -> None:
@@ -204,12 +204,14 @@ def _install_backend(name: str, build: str) -> None:
              backend.batched_fill(original_fill))
 
 
-def _restore_locked_free(name: str) -> None:
-    """The canary's restore (it runs inside an apply, never under :data:`_lock`)."""
-    _restore(name)
+def _restore_from_canary(name: str) -> None:
+    """The canary's restore, from inside an apply on any thread."""
+    with _lock:
+        _restore(name)
 
 
 def _restore(name: str) -> None:
+    """Put lmdeploy's functions of one takeover back; :data:`_lock` held."""
     from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
 
     if _taken.pop(name, None) is None:
