@@ -335,3 +335,19 @@ def test_takeover_records_build_and_forced():
     forced = sglang_guard.Takeover(name="xgrammar", original=plain, build=_guard.FORCED,
                                    target="m.C.f", static=False)
     assert forced.forced and isinstance(forced, _guard.Takeover)
+
+
+def test_lmdeploy_guard_is_data_on_the_shared_guard():
+    """lmdeploy's guard imports without lmdeploy and matches against its own table; every
+    function a takeover relies on has a verified fingerprint."""
+    from portable_guided.integrations.lmdeploy import guard as lmdeploy_guard
+
+    assert lmdeploy_guard.GUARD.known is lmdeploy_guard.KNOWN
+    assert set(lmdeploy_guard.KNOWN) == {"0.18.0"}
+    for names in lmdeploy_guard.TAKEOVER_FUNCTIONS.values():
+        assert set(names) <= set(lmdeploy_guard.KNOWN["0.18.0"]) == set(lmdeploy_guard.FUNCTIONS)
+    found = _guard.Fingerprints("0.18.0", dict(lmdeploy_guard.KNOWN["0.18.0"],
+                                               fused_call="0" * 16))
+    assert lmdeploy_guard.GUARD.match(found, "apply") is None
+    assert "FusedLogitsProcessor.__call__ differs" in lmdeploy_guard.GUARD.mismatches(
+        found, "apply")

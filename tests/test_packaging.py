@@ -114,3 +114,13 @@ def test_version_is_written_once() -> None:
     assert "version" in project["project"]["dynamic"]
     dynamic = project["tool"]["setuptools"]["dynamic"]["version"]
     assert dynamic == {"attr": "portable_guided.__version__"}
+
+
+def test_wheel_installs_the_lmdeploy_activation_hook(dists: dict[str, Path]) -> None:
+    """lmdeploy has no plugin mechanism: the wheel puts ``portable_guided_lmdeploy.pth`` and
+    its hook module at the root of site-packages (tests/lmdeploy_plugin checks the hook)."""
+    with zipfile.ZipFile(dists["wheel"]) as whl:
+        names = set(whl.namelist())
+        pth = whl.read("portable_guided_lmdeploy.pth").decode().strip()
+    assert "portable_guided_lmdeploy_hook.py" in names
+    assert pth == "import portable_guided_lmdeploy_hook"

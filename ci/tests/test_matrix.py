@@ -24,7 +24,7 @@ from ci.matrix import (
 )
 
 EXPECTED_LANES = {"cpu", "paddle", "xla-cpu", "jax-cpu", "vllm-cpu", "vllm033-cpu", "sglang-cpu",
-                  "redis-cpu", "lint", "cuda", "tpu", "xpu", "npu"}
+                  "redis-cpu", "lmdeploy-cpu", "lint", "cuda", "tpu", "xpu", "npu"}
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "matrix.yml"
 
 _MINIMAL = """
@@ -59,7 +59,7 @@ def test_lanes_without_hardware_are_exactly_the_hosted_ones() -> None:
     lanes = load_lanes()
     runnable_anywhere = {name for name, lane in lanes.items() if not lane.needs_hardware}
     assert runnable_anywhere == {"cpu", "paddle", "xla-cpu", "jax-cpu", "vllm-cpu", "vllm033-cpu",
-                                 "sglang-cpu", "redis-cpu", "lint"}
+                                 "sglang-cpu", "redis-cpu", "lmdeploy-cpu", "lint"}
     assert {name for name, lane in lanes.items() if lane.self_hosted} == EXPECTED_LANES - runnable_anywhere
 
 
@@ -159,7 +159,8 @@ def test_cli_lists_lanes_and_rejects_unknown_ones() -> None:
                             check=True, cwd=REPO_ROOT)
     rows = {line.split()[0]: line.split()[1] for line in listed.stdout.splitlines()}
     assert set(rows) == EXPECTED_LANES
-    assert all(rows[name] == "runs" for name in ("cpu", "paddle", "xla-cpu", "vllm-cpu", "vllm033-cpu", "sglang-cpu", "lint"))
+    assert all(rows[name] == "runs" for name in ("cpu", "paddle", "xla-cpu", "vllm-cpu", "vllm033-cpu", "sglang-cpu",
+                                              "lmdeploy-cpu", "lint"))
     bad = subprocess.run([sys.executable, script, "--lane", "gpu9000"], capture_output=True,
                          text=True, check=False, cwd=REPO_ROOT)
     assert bad.returncode == 2

@@ -8,6 +8,10 @@
   ``sglang.srt.plugins``) that applies each grammar object's vocab mask with
   :func:`portable_guided.apply_token_mask` and registers the ``portable_guided`` grammar
   backend.
+- :mod:`portable_guided.integrations.lmdeploy`: lmdeploy's PyTorch engine (no plugin
+  mechanism there: activated in every process by the ``portable_guided_lmdeploy.pth`` import
+  hook) applies its grammar bitmasks with :func:`portable_guided.apply_token_mask` and,
+  optionally, runs its guided decoding on :class:`portable_guided.runtime.GrammarRuntime`.
 
 Nothing here is imported by ``import portable_guided``.
 """

@@ -1,0 +1,276 @@
+"""The runtime backend: our :class:`~portable_guided.runtime.GrammarRuntime` behind lmdeploy's
+``GuidedDecodingManager`` (``PORTABLE_GUIDED_LMDEPLOY_BACKEND=1``).
+
+lmdeploy 0.18.0 compiles a request's grammar in ``GuidedDecodingManager.get_processor``,
+called from ``FusedLogitsProcessor.__init__`` on the engine's asyncio loop, with no time
+limit, and drops xgrammar's ``False`` when a sampled token is rejected. With the backend:
+
+- ``get_processor`` only hands the format to a thread that lowers it (JSON schemas through
+  our lowering, in xgrammar's strict language as lmdeploy compiles them; regexes) and
+  submits the compile to the runtime's worker processes, which kill a compile at the hard
+  limit; the event loop waits for neither. The compile starts when the manager first sees
+  the request (its first sampling step, right after its prefill forward);
+- the fill (``FusedLogitsProcessor._fill_guided_bitmask``, which lmdeploy runs in a thread
+  with ``asyncio.to_thread``) waits for compiles still running, then fills every row of ours
+  with one batched runtime call;
+- a schema the runtime refuses, that fails or that passes the limit fails its request alone:
+  its row allows only the stop tokens, so that sequence ends and the others go on;
+- a token the grammar rejects fails its request (fail closed, the runtime's ``terminate``
+  policy): its later rows allow only the stop tokens;
+- the speculative helper's ``fork()`` gives a fresh request on the same compiled grammar
+  (a memory-cache hit) advanced by the same tokens.
+
+Structural tags (xgrammar's native format) stay with lmdeploy's own compile.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from .._settings import env_seconds
+
+__all__ = ["Processor", "batched_fill", "manager_methods", "spec_for"]
+
+logger = logging.getLogger("lmdeploy.plugins.portable_guided")
+
+
+def spec_for(response_format: Mapping[str, Any]) -> Any:
+    """The runtime's :class:`~portable_guided.runtime.GrammarSpec` for one lmdeploy
+    ``response_format``, or None for a kind the backend leaves to lmdeploy (structural
+    tags). Raises the spec error (``GrammarError``, ``ValueError``) of a bad format."""
+    from lmdeploy._guided_decoding import _grammar_source
+
+    from ...json_schema.strict import xgrammar_strict_schema
+    from ...runtime import GrammarSpec
+
+    kind, source = _grammar_source(dict(response_format))
+    if kind == "json_schema":
+        try:
+            text = json.dumps(xgrammar_strict_schema(json.loads(source)), ensure_ascii=False)
+        except (ValueError, RecursionError):
+            text = source  # not JSON, or too deep: GrammarSpec says which
+        return GrammarSpec.json_schema(text)
+    if kind == "regex_schema":
+        return GrammarSpec.regex(source)
+    return None
+
+
+class Processor:
+    """One sequence's grammar (what lmdeploy calls a processor): a runtime request, or the
+    error that failed it. Made on the event loop without waiting: the format's lowering and
+    the compile's submission run in the manager's spec thread (a deep schema's lowering alone
+    can take a second), the compile in the runtime's workers; lmdeploy's fill thread waits
+    for both (:meth:`wait`)."""
+
+    def __init__(self, manager: Any, pending: Future[tuple[Any, Any]],
+                 tokens: list[int] | None = None) -> None:
+        self.manager = manager
+        self._pending = pending
+        self.tokens: list[int] = tokens or []
+        self.reported = False
+
+    @classmethod
+    def submit(cls, manager: Any, response_format: Mapping[str, Any]) -> Processor:
+        """Lower ``response_format`` and submit its compile, in the manager's spec thread."""
+        def build() -> tuple[Any, Any]:
+            spec = spec_for(response_format)
+            return spec, manager._pg_runtime.new_request(spec, on_error="terminate")
+
+        return cls(manager, manager._pg_specs.submit(build))
+
+    @property
+    def runtime(self) -> Any:
+        """The manager's grammar runtime."""
+        return self.manager._pg_runtime
+
+    @property
+    def request(self) -> Any:
+        """The runtime request (None while lowering, or when the format failed)."""
+        if not self._pending.done() or self._pending.exception() is not None:
+            return None
+        return self._pending.result()[1]
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why this request failed, or None."""
+        if not self._pending.done():
+            return None
+        if self._pending.exception() is not None:
+            return self._pending.exception()
+        request = self._pending.result()[1]
+        return request.error if request.failed else None
+
+    def wait(self) -> None:
+        """Wait (in lmdeploy's fill thread) for the lowering and the compile; the runtime
+        fails a compile at its hard limit, so this ends by then."""
+        limit = self.manager._pg_wait_s
+        try:
+            _, request = self._pending.result(limit)
+        except FutureTimeout:
+            raise RuntimeError(f"portable_guided: a response format was not lowered in "
+                               f"{limit} s") from None
+        except Exception:  # noqa: BLE001 - reported below; the request fails alone
+            request = None
+        if request is not None and not request.ready:
+            request.wait(limit)
+            if not request.ready:  # the runtime keeps its own limit; say so, go on
+                logger.error("portable_guided: a compile did not finish in %s s", limit)
+        self.report()
+
+    def report(self) -> None:
+        """Log a failed request once (with the reason)."""
+        failed = self.error
+        if failed is not None and not self.reported:
+            self.reported = True
+            logger.error("portable_guided fails one guided request (its row allows only the "
+                         "stop tokens from now on): %s: %s", type(failed).__name__, failed)
+
+    def fill(self, bitmask: Any, row: int) -> None:
+        """Fill ``bitmask[row]`` (lmdeploy's per-row path)."""
+        self.wait()
+        request = self.request
+        if request is None:
+            rows = self.runtime.special_rows
+            rows.write(bitmask, row, rows.stop_only)
+        else:
+            request.fill(bitmask, row)
+
+    def accept(self, token: int) -> None:
+        """Advance by ``token``; a token the grammar rejects fails the request."""
+        self.wait()
+        request = self.request
+        if request is None:
+            return
+        self.tokens.append(int(token))
+        failed_before, rejected_before = request.failed, request.num_rejected
+        if (not request.accept(int(token)) and not failed_before
+                and request.num_rejected > rejected_before == 0):
+            logger.error("portable_guided: the grammar rejected token %d (position %d); the "
+                         "request fails closed (only stop tokens from now on)", int(token),
+                         len(self.tokens) - 1)
+
+    @property
+    def terminated(self) -> bool:
+        """True once the grammar accepted a stop token (not when it failed: a failed
+        request's row keeps allowing only the stop tokens)."""
+        request = self.request
+        return request is not None and bool(request.is_terminated)
+
+    def fork(self) -> Processor:
+        """A copy in the same state (the speculative helper forks before verifying drafts):
+        a new request on the same compiled grammar (a memory-cache hit), advanced by the
+        same tokens."""
+        self.wait()
+        if self.request is None:
+            return Processor(self.manager, self._pending, list(self.tokens))
+        spec = self._pending.result()[0]
+        request = self.runtime.new_request(spec, on_error="terminate")
+        request.wait(self.manager._pg_wait_s)
+        for token in self.tokens:
+            request.accept(token)
+        done: Future[tuple[Any, Any]] = Future()
+        done.set_result((spec, request))
+        return Processor(self.manager, done, list(self.tokens))
+
+
+def _runtime_for(manager: Any, tokenizer: Any) -> Any:
+    from ...runtime import GrammarRuntime, load_tokenizer_info
+
+    # The tokenizer's end tokens, as xgrammar's ``TokenizerInfo.from_huggingface`` (lmdeploy's
+    # manager) finds them.
+    info = load_tokenizer_info(tokenizer, vocab_size=int(manager.vocab_size))
+    timeout_s = env_seconds("PORTABLE_GUIDED_LMDEPLOY_COMPILE_TIMEOUT_S", 30.0)
+    workers = int(os.environ.get("PORTABLE_GUIDED_LMDEPLOY_COMPILE_WORKERS",
+                                 max(1, min(4, ((os.cpu_count() or 1) + 1) // 2))))
+    runtime = GrammarRuntime(info, engine="xgrammar", compile_timeout_s=timeout_s,
+                             compile_workers=workers,
+                             disk_cache_dir=os.environ.get("PORTABLE_GUIDED_LMDEPLOY_CACHE_DIR")
+                             or None)
+    manager._pg_wait_s = None if timeout_s is None else 1.5 * timeout_s + 5.0
+    logger.info("portable_guided grammar runtime serves lmdeploy's guided decoding (compile "
+                "limit %s s, %d compile workers, pid %d)", timeout_s, workers, os.getpid())
+    return runtime
+
+
+def manager_methods(original: Mapping[str, Any]) -> dict[str, Callable[..., Any]]:
+    """Our ``GuidedDecodingManager`` methods, given lmdeploy's (the class ``__dict__``);
+    xgrammar matchers (structural tags) keep lmdeploy's own."""
+    init = original["__init__"]
+    get_processor = original["get_processor"]
+    fill_bitmap = original["fill_bitmap"]
+    accept_token = original["accept_token"]
+    is_terminated = original["is_terminated"]
+
+    def __init__(self: Any, tokenizer: Any, vocab_size: int | None) -> None:
+        init(self, tokenizer, vocab_size)
+        self._pg_runtime = _runtime_for(self, tokenizer)
+        # Lowering a deep schema is Python work that can take a second: one thread, in
+        # admission order, never the event loop.
+        self._pg_specs = ThreadPoolExecutor(1, thread_name_prefix="pg-lmdeploy-spec")
+
+    def get_processor_(self: Any, session_id: int, seq_id: int,
+                       response_format: dict[str, Any]) -> Any:
+        known = self.processors.get(session_id, {}).get(seq_id)
+        if known is not None:
+            return known
+        if response_format.get("type") == "structural_tag":  # lmdeploy's own compile
+            return get_processor(self, session_id, seq_id, response_format)
+        processor = Processor.submit(self, response_format)
+        self.processors.setdefault(session_id, {})[seq_id] = processor
+        return processor
+
+    def fill_bitmap_(self: Any, processor: Any, guided_bitmask: Any, index: int) -> None:
+        if isinstance(processor, Processor):
+            processor.fill(guided_bitmask, index)
+        else:
+            fill_bitmap(self, processor, guided_bitmask, index)
+
+    def accept_token_(self: Any, processor: Any, token: int) -> None:
+        if isinstance(processor, Processor):
+            processor.accept(token)
+        else:
+            accept_token(self, processor, token)
+
+    def is_terminated_(self: Any, processor: Any) -> bool:
+        if isinstance(processor, Processor):
+            return processor.terminated
+        return bool(is_terminated(self, processor))
+
+    return {"__init__": __init__, "get_processor": get_processor_, "fill_bitmap": fill_bitmap_,
+            "accept_token": accept_token_, "is_terminated": is_terminated_}
+
+
+def batched_fill(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``FusedLogitsProcessor._fill_guided_bitmask`` with one batched runtime fill for the
+    rows of our processors (lmdeploy runs it in a thread): compiles still running are waited
+    for first; rows of xgrammar matchers are filled one by one as lmdeploy does."""
+
+    def _fill_guided_bitmask(self: Any, guided_bitmask: Any) -> None:
+        manager = self.guided_decoding_manager
+        runtime = getattr(manager, "_pg_runtime", None)
+        if runtime is None:
+            original(self, guided_bitmask)
+            return
+        guided_bitmask.data.fill_(-1)
+        requests: list[Any] = []
+        rows: list[int] = []
+        for index, processor in self.guided_processors.items():
+            if isinstance(processor, Processor):
+                processor.wait()
+                if processor.request is None:
+                    processor.fill(guided_bitmask, index)
+                else:
+                    requests.append(processor.request)
+                    rows.append(index)
+            elif not manager.is_terminated(processor):
+                manager.fill_bitmap(processor, guided_bitmask, index)
+        if requests:
+            runtime.fill_bitmask(requests, guided_bitmask, rows=rows)
+
+    return _fill_guided_bitmask

@@ -1,0 +1,203 @@
+"""The runtime backend behind lmdeploy's real ``GuidedDecodingManager`` and
+``FusedLogitsProcessor`` (``PORTABLE_GUIDED_LMDEPLOY_BACKEND=1``): compiles off the event loop
+under a hard limit, a failing schema fails its request alone, a rejected token fails its
+request, masks equal to lmdeploy's own xgrammar matchers.
+
+CUDA-only stub: ``FusedLogitsProcessor._wait_stream_once`` (``torch.cuda.current_stream()``)
+is a no-op coroutine here."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.lmdeploy_plugin.support import plugin_loaded, plugin_off, tokenizer
+
+LIMIT_S = 3.0
+VOCAB = 49152
+PERSON = {"type": "object", "properties": {"name": {"type": "string"},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+def slow_schema() -> dict:
+    """A schema whose xgrammar compile takes minutes here (anchored pattern, nested
+    anyOf: compile time grows about 3x every 2 levels)."""
+    schema: dict = {"type": "string", "pattern": "^[a-z]{1,5}$"}
+    for i in range(12):
+        schema = {"anyOf": [
+            {"type": "object", "properties": {f"k{i}": schema, "x": {"type": "integer"}},
+             "required": [f"k{i}"]},
+            {"type": "array", "items": schema, "minItems": 1, "maxItems": 3}]}
+    return schema
+
+
+def fmt(schema: Any) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+
+
+async def _no_wait(self: Any) -> None:  # the CUDA-only stream wait
+    return None
+
+
+@pytest.fixture(scope="module")
+def manager():
+    """A real manager on the real SmolLM2 tokenizer with the backend installed."""
+    from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
+    from lmdeploy.pytorch.engine.logits_process import FusedLogitsProcessor
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PORTABLE_GUIDED_LMDEPLOY_COMPILE_TIMEOUT_S", str(LIMIT_S))
+        mp.setenv("PORTABLE_GUIDED_LMDEPLOY_COMPILE_WORKERS", "1")
+        mp.setattr(FusedLogitsProcessor, "_wait_stream_once", _no_wait)
+        with plugin_loaded(mp, backend=True):
+            from portable_guided.integrations import lmdeploy as plugin
+
+            assert plugin.taken_over() == {"apply": "verified", "backend": "verified"}
+            mgr = GuidedDecodingManager(tokenizer(), VOCAB)
+            yield mgr
+            mgr._pg_runtime.close()
+
+
+def sampling_inputs(sessions: list[int], formats: list[dict]) -> Any:
+    from lmdeploy.pytorch.engine.logits_process import SamplingInputs
+
+    return SamplingInputs(max_top_k=1, max_num_logprobs=-1, batch_size=len(sessions),
+                          logits_processors=[[] for _ in sessions],
+                          response_formats=tuple(formats),
+                          session_ctx=[{"session_id": s, "seq_id": 0} for s in sessions])
+
+
+def step(manager: Any, sessions: list[int], formats: list[dict], logits: torch.Tensor) -> Any:
+    """One sampling step as lmdeploy's model agent runs it (``async_sampling_logits``):
+    a new FusedLogitsProcessor, the masked scores, greedy sampling, accept."""
+    from lmdeploy.pytorch.engine.logits_process import FusedLogitsProcessor
+
+    async def run() -> Any:
+        t0 = time.perf_counter()
+        processor = FusedLogitsProcessor(sampling_inputs(sessions, formats),
+                                         guided_decoding_manager=manager)
+        built_s = time.perf_counter() - t0
+        scores, _ = await processor(logits)
+        tokens = processor.sampling(scores)
+        await processor.accept_guided_tokens(tokens)
+        return scores, tokens.tolist(), built_s
+
+    return asyncio.run(run())
+
+
+def allowed(row: torch.Tensor) -> set[int]:
+    return set((~torch.isinf(row)).nonzero().flatten().tolist())
+
+
+def stop_ids() -> set[int]:
+    tok = tokenizer()
+    return {tok.eos_token_id}
+
+
+def test_backend_masks_equal_lmdeploys_own_matchers(manager: Any) -> None:
+    """20 greedy steps on random logits, two guided rows and one free row: every masked
+    score equal to lmdeploy's own manager (xgrammar matchers, plugin off) on the same
+    logits."""
+    from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
+
+    formats = [fmt(PERSON), {"type": "text"}, {"type": "json_object"}]
+    gen = torch.Generator().manual_seed(5)
+    logits_seq = [torch.randn(3, VOCAB, generator=gen) * 3 for _ in range(20)]
+    ours = [step(manager, [11, 12, 13], formats, lg.clone()) for lg in logits_seq]
+    with plugin_off():
+        own = GuidedDecodingManager(tokenizer(), VOCAB)
+        theirs = [step(own, [11, 12, 13], formats, lg.clone()) for lg in logits_seq]
+    for (s_ours, t_ours, _), (s_theirs, t_theirs, _) in zip(ours, theirs):
+        assert t_ours == t_theirs
+        assert torch.equal(s_ours, s_theirs)
+    assert not any(torch.isinf(s[1]).any() for s, _, _ in ours)  # the free row
+    for session in (11, 12, 13):
+        manager.remove_processor(session)
+
+
+def test_compiles_never_block_the_loop_and_a_slow_schema_fails_alone(manager: Any) -> None:
+    """A schema that compiles for minutes arrives beside a quick one: building the logits
+    processor (on lmdeploy's event loop) takes milliseconds, the slow request's rows allow
+    only the stop tokens within 1.5x the limit, the quick one decodes its JSON meanwhile."""
+    formats = [fmt(slow_schema()), fmt(PERSON)]
+    gen = torch.Generator().manual_seed(9)
+    t0 = time.perf_counter()
+    scores, _, built_s = step(manager, [21, 22], formats, torch.randn(2, VOCAB, generator=gen))
+    failed_after = time.perf_counter() - t0
+    assert built_s < 0.05, built_s  # submitted, not compiled, on the loop
+    assert failed_after < 1.5 * LIMIT_S, failed_after
+    assert allowed(scores[0]) == stop_ids()
+    processor = manager.processors[21][0]
+    assert processor.request.failed and "GrammarTimeout" in type(processor.request.error).__name__
+    assert sorted(tokenizer().decode([t]) for t in allowed(scores[1])) == ["{", '{"']
+    for _ in range(5):  # the quick request keeps decoding under its grammar
+        scores, _tokens, built_s = step(manager, [21, 22], formats,
+                                       torch.randn(2, VOCAB, generator=gen))
+        assert built_s < 0.05 and allowed(scores[0]) == stop_ids()
+        assert len(allowed(scores[1])) < VOCAB
+    manager.remove_processor(21)
+    manager.remove_processor(22)
+
+
+def test_a_bad_schema_fails_its_request_alone(manager: Any) -> None:
+    formats = [fmt({"type": "object", "properties": {"a": {"type": "nonsense"}}}), fmt(PERSON)]
+    scores, _, _ = step(manager, [31, 32], formats, torch.randn(2, VOCAB))
+    assert allowed(scores[0]) == stop_ids()
+    assert manager.processors[31][0].error is not None
+    assert sorted(tokenizer().decode([t]) for t in allowed(scores[1])) == ["{", '{"']
+    manager.remove_processor(31)
+    manager.remove_processor(32)
+
+
+def test_a_rejected_token_fails_its_request(manager: Any) -> None:
+    """lmdeploy drops xgrammar's False on a rejected token (the matcher stays behind the
+    text); the backend fails that request closed: its next row allows only stop tokens."""
+    from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
+
+    tok = tokenizer()
+    bad = tok.encode("hello", add_special_tokens=False)[0]  # not a JSON object's start
+    processor = manager.get_processor(41, 0, fmt(PERSON))
+    bitmask = manager.allocate_batched_bitmap(1)
+    manager.fill_bitmap(processor, bitmask, 0)
+    row = torch.zeros(1, VOCAB)
+    manager.apply_batched_bitmap(row, bitmask)
+    assert bad not in allowed(row[0])
+    manager.accept_token(processor, bad)
+    bitmask.fill_(-1)
+    manager.fill_bitmap(processor, bitmask, 0)
+    row = torch.zeros(1, VOCAB)
+    manager.apply_batched_bitmap(row, bitmask)
+    assert allowed(row[0]) == stop_ids()
+    manager.remove_processor(41)
+    # lmdeploy's own manager: the same token is ignored, the mask goes on as if unseen.
+    with plugin_off():
+        own = GuidedDecodingManager(tok, VOCAB)
+        matcher = own.get_processor(41, 0, fmt(PERSON))
+        own.accept_token(matcher, bad)
+        mask = own.allocate_batched_bitmap(1)
+        own.fill_bitmap(matcher, mask, 0)
+        bits = np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")
+        assert bits.sum() > 1  # still the object's opening tokens, not a stop
+
+
+def test_speculative_fork_follows_the_same_grammar(manager: Any) -> None:
+    """``GuidedSpecHelper.apply_serial_bitmask`` forks our processors: the forks advance
+    by the draft tokens, the originals stay where they were."""
+    from lmdeploy.pytorch.spec_decode.guided_spec_helper import GuidedSpecHelper
+
+    from tests.lmdeploy_plugin.test_lmdeploy_apply import _serial
+
+    ours = _serial(manager, 3, torch.float32)
+    with plugin_off():
+        from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
+
+        own = GuidedDecodingManager(tokenizer(), VOCAB)
+        theirs = _serial(own, 3, torch.float32)
+    assert torch.equal(ours, theirs)
+    assert GuidedSpecHelper  # (the helper the serial path runs)
