@@ -8,12 +8,14 @@ import contextlib
 import logging
 import threading
 import time
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor, wait
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from .cache import ByteLRUCache, DiskCache, FailureCache, GrammarCache
 from .cache_setup import open_cache, shared_failure_error
+from .deadlines import DeadlineWatch
 from .engines import (
     ENGINES,
     EmptyLanguage,
@@ -162,6 +164,7 @@ class CompileService:
         self._closed = False
         self._race = bool(race)
         self._lane = LocalLane(workers, local_patience_s, long_slots=LOCAL_LONG_SLOTS)
+        self._deadlines = DeadlineWatch()
         #: A compile in this process still running past its deadline; every compile goes to
         #: the workers until it ends.
         self.runaway: Future[Any] | None = None
@@ -288,7 +291,9 @@ class CompileService:
             if self._closed:
                 return  # close() resolved the future
             try:
-                result = self._compile_one(name, spec, deadline)
+                result = self._compile_one(
+                    name, spec, deadline,
+                    expire=lambda exc: self._settle(key, fut, None, [exc]))
                 break
             except RuntimeClosed:
                 return
@@ -320,8 +325,11 @@ class CompileService:
                              else "compile_errors")
             _resolve(fut, error)
 
-    def _compile_one(self, name: str, spec: GrammarSpec,
-                     deadline: float | None = None) -> CompiledGrammar:
+    def _compile_one(self, name: str, spec: GrammarSpec, deadline: float | None = None,
+                     expire: Callable[[GrammarCompileError], None] | None = None,
+                     ) -> CompiledGrammar:
+        """Compile ``spec`` with engine ``name`` (disk cache, single flight) by ``deadline``;
+        ``expire`` fails the request at once when a compile in this thread runs past it."""
         built = time.monotonic()
         engine = self.engine(name)
         if deadline is not None:
@@ -332,7 +340,7 @@ class CompileService:
                                  f"submission) ran out before engine {name} could start",
                                  engine=name, started=False)
         if self._disk is None:
-            return self._compile_new(engine, name, spec, None, deadline=deadline)
+            return self._compile_new(engine, name, spec, None, deadline, expire)
         disk_key = DiskCache.make_key(
             engine=name, engine_version=engine.version(), runtime=RUNTIME_CACHE_VERSION,
             tokenizer=self.info.fingerprint, spec=spec.key,
@@ -354,7 +362,7 @@ class CompileService:
                 return hit
             self._raise_shared_failure(name, disk_key)
             try:
-                return self._compile_new(engine, name, spec, disk_key, deadline=deadline)
+                return self._compile_new(engine, name, spec, disk_key, deadline, expire)
             except GrammarCompileError as exc:
                 # Recorded before the lock is released: its waiters fail at once (a shared
                 # cache; the local directory records none). A dead worker, or a limit spent
@@ -390,7 +398,9 @@ class CompileService:
         return CompiledGrammar(engine, grammar, engine.nbytes(grammar), "disk", 0.0)
 
     def _compile_new(self, engine: Engine, name: str, spec: GrammarSpec,
-                     disk_key: str | None, deadline: float | None = None) -> CompiledGrammar:
+                     disk_key: str | None, deadline: float | None = None,
+                     expire: Callable[[GrammarCompileError], None] | None = None,
+                     ) -> CompiledGrammar:
         """Compile a miss (``deadline``: when the worker's compile must be done, monotonic;
         default the service's limit from now)."""
         t0 = time.perf_counter()
@@ -399,7 +409,7 @@ class CompileService:
             return self._compiled(engine, grammar, "local", time.perf_counter() - t0, None,
                                   disk_key)
         if self._race and self.runaway is None:
-            grammar = self._compile_raced(engine, name, spec, deadline)
+            grammar = self._compile_raced(engine, name, spec, deadline, expire)
             if grammar is not None:
                 return self._compiled(engine, grammar, "race", time.perf_counter() - t0,
                                       None, disk_key)
@@ -444,36 +454,43 @@ class CompileService:
         return CompiledGrammar(engine, grammar, engine.nbytes(grammar), source, seconds)
 
     def _compile_raced(self, engine: Engine, name: str, spec: GrammarSpec,
-                       deadline: float | None = None) -> Any | None:
-        """Compile in this process, the deadline kept (class doc); None when no slot here
-        came free in time (:class:`LocalLane`): the compile then goes to a worker."""
+                       deadline: float | None = None,
+                       expire: Callable[[GrammarCompileError], None] | None = None,
+                       ) -> Any | None:
+        """Compile in this thread, the deadline kept (class doc): at the deadline ``expire``
+        fails the request while the compile goes on here (a late grammar still fills the
+        memory cache). None when no slot here came free in time (:class:`LocalLane`): the
+        compile then goes to a worker."""
         slot = self._lane.enter(len(spec.text), deadline)
         if slot is None:
             self.metrics.inc("race_lane_full")
             return None
-        here: Future[Any] = Future()
+        ended: Future[None] = Future()  # the runaway's marker, done when the compile ends
 
-        def compile_here() -> None:
-            try:
-                here.set_result(_compile_here(engine, name, spec))
-            except BaseException as exc:  # noqa: BLE001 - delivered to the waiting compile
-                here.set_exception(exc)
-            finally:
-                self._lane.leave(slot)
+        def past_deadline() -> None:
+            if ended.done():
+                return
+            self.runaway = ended
+            self.metrics.inc("race_runaways")
+            log.warning("%r: compile still running in this process at its deadline; "
+                        "compiles go to the workers until it ends", spec)
+            ended.add_done_callback(self._runaway_ended)
+            if expire is not None:
+                expire(GrammarTimeout(f"did not compile within the time limit of "
+                                      f"{self.timeout_s:g} s (counted from submission; "
+                                      f"compiled in this process)", engine=name))
 
-        # A daemon thread: a compile that never ends must not hold up the interpreter's exit.
-        threading.Thread(target=compile_here, name="pg-compile-here", daemon=True).start()
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if wait([here], timeout=left).done:
+        watch = None if deadline is None else self._deadlines.add(deadline, past_deadline)
+        try:
+            grammar = _compile_here(engine, name, spec)
+        finally:
+            if watch is not None:
+                self._deadlines.cancel(watch)
+            ended.set_result(None)
+            self._lane.leave(slot)
+        if self.runaway is not ended:
             self.metrics.inc("races_won_here")
-            return here.result()  # the grammar, or its compile error
-        self.runaway = here
-        self.metrics.inc("race_runaways")
-        log.warning("%r: compile still running in this process at its deadline; compiles go "
-                    "to the workers until it ends", spec)
-        here.add_done_callback(self._runaway_ended)
-        raise GrammarTimeout(f"did not compile within the time limit of {self.timeout_s:g} s "
-                             f"(counted from submission; compiled in this process)", engine=name)
+        return grammar
 
     def _runaway_ended(self, done: Future[Any]) -> None:
         if self.runaway is done:
