@@ -58,9 +58,9 @@ _RACE_WAITERS = 32
 #: real-world collections compile in tens of milliseconds (Github_hard p50 12 ms, xgrammar).
 LOCAL_PATIENCE_S = 0.25
 #: With ``race=True``, long compiles (past ``LOCAL_PATIENCE_S``) that may run here beside the
-#: others; more go to the workers, where a compile that long is shipped back serialized (a
-#: burst of 16 Github_hard schemas: p50 1.0 s here, against 5.6 s through the workers and
-#: 7.1 s for xgrammar one after the other: bench/bench_compile_burst.py).
+#: others; more go to the workers, where a compile that long is shipped back serialized
+#: (bursts of 16 Github_hard schemas, ready p50/p90: 154 ms / 1.4 s here, 2.1 s / 3.5 s
+#: through the workers, 194 ms / 3.5 s for xgrammar in order: bench/bench_compile_burst.py).
 LOCAL_LONG_SLOTS = 4
 
 #: Without a compile time limit, how long a miss waits for another process compiling the same
