@@ -58,10 +58,16 @@ _RACE_WAITERS = 32
 #: real-world collections compile in tens of milliseconds (Github_hard p50 12 ms, xgrammar).
 LOCAL_PATIENCE_S = 0.25
 #: With ``race=True``, long compiles (past ``LOCAL_PATIENCE_S``) that may run here beside the
-#: others; more go to the workers, where a compile that long is shipped back serialized
-#: (bursts of 16 Github_hard schemas, ready p50/p90: 154 ms / 1.4 s here, 2.1 s / 3.5 s
-#: through the workers, 194 ms / 3.5 s for xgrammar in order: bench/bench_compile_burst.py).
+#: others; more go to the workers, where a compile that long runs twice or is shipped back
+#: serialized. Bursts of 16 Github_hard schemas, ready p50/p90/max: 157 ms / 1.4 s / 5.7 s
+#: with 4, 173 ms / 6.9 s / 9.9 s with 2; 209 ms / 3.5 s / 3.5 s for xgrammar one after the
+#: other (bench/bench_compile_burst.py).
 LOCAL_LONG_SLOTS = 4
+#: With ``race=True``, specs longer than this (characters of canonical text) always compile in
+#: a worker: building and parsing a grammar that large is Python and parsing that hold the
+#: GIL here (a 100,000-string choice held it for seconds); real-world JSON schemas are far
+#: smaller (Github_hard: all under 8,000).
+LOCAL_MAX_CHARS = 64_000
 
 #: Without a compile time limit, how long a miss waits for another process compiling the same
 #: key before compiling it here too (a held lock must never mean waiting forever).
@@ -461,7 +467,8 @@ class CompileService:
         fails the request while the compile goes on here (a late grammar still fills the
         memory cache). None when no slot here came free in time (:class:`LocalLane`): the
         compile then goes to a worker."""
-        slot = self._lane.enter(len(spec.text), deadline)
+        slot = (self._lane.enter(len(spec.text), deadline)
+                if len(spec.text) <= LOCAL_MAX_CHARS else None)
         if slot is None:
             self.metrics.inc("race_lane_full")
             return None

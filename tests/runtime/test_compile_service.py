@@ -263,6 +263,23 @@ def test_race_compiles_once_here_with_the_worker_path_masks(deepseek):
     assert 0 < np.unpackbits(masks[0].view(np.uint8)).sum() < deepseek.vocab_size
 
 
+def test_race_sends_a_spec_too_large_to_compile_here_to_a_worker(deepseek):
+    """A spec past LOCAL_MAX_CHARS (building and parsing its grammar would hold this process's
+    GIL) compiles in a worker even with ``race=True``."""
+    from portable_guided.runtime.compile_service import LOCAL_MAX_CHARS
+
+    schema = {"type": "integer", "description": "x" * LOCAL_MAX_CHARS}
+    service = CompileService(deepseek, engine="xgrammar", timeout_s=30.0, race=True)
+    try:
+        compiled = service.submit(GrammarSpec.json_schema(schema)).result(120)
+        counters = service.metrics.snapshot()
+        assert compiled.source != "race"
+        assert counters["races_won_here"] == 0 and counters["race_lane_full"] == 1
+        assert counters["compile_wait_count"] == 1  # a worker compiled it
+    finally:
+        service.close()
+
+
 def test_race_local_patience_must_be_a_duration(deepseek):
     with pytest.raises(ValueError, match="patience_s must be >= 0 seconds, got -1"):
         CompileService(deepseek, engine="xgrammar", timeout_s=None, local_patience_s=-1)
@@ -271,7 +288,6 @@ def test_race_local_patience_must_be_a_duration(deepseek):
 RACE_TIME_LIMIT_SCRIPT = textwrap.dedent('''
     import json, os, sys, time
     sys.path.insert(0, {tests!r})
-    from test_compile_service import nested_any_of
     from portable_guided.runtime import GrammarRuntime, GrammarSpec, GrammarTimeout
     from portable_guided.runtime import load_tokenizer_info
 
@@ -282,7 +298,10 @@ RACE_TIME_LIMIT_SCRIPT = textwrap.dedent('''
         time.sleep(0.05)
     t0 = time.monotonic()
     try:
-        rt.compile(GrammarSpec.json_schema(nested_any_of(12)))
+        # A few hundred characters, many seconds of xgrammar (eight long length bounds): small
+        # enough to compile here (LOCAL_MAX_CHARS).
+        rt.compile(GrammarSpec.json_schema({{"type": "object", "properties": {{
+            f"p{{i}}": {{"type": "string", "maxLength": 32767 - i}} for i in range(8)}}}}))
         outcome = "compiled"
     except GrammarTimeout:
         outcome = "timeout"
