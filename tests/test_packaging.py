@@ -60,7 +60,7 @@ def test_sdist_has_every_tracked_file_needed_to_test(dists: dict[str, Path]) -> 
     with tarfile.open(dists["sdist"]) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     needed = _files("portable_guided", "tests", "ci", "platforms", "docs", "scripts")
-    needed |= {"LICENSE", "README.md", "pyproject.toml"}
+    needed |= {"LICENSE", "README.md", "CHANGELOG.md", "pyproject.toml"}  # README links it
     missing = sorted(needed - names)
     assert missing == [], missing
     assert "tests/support.py" in names  # the file whose absence broke collection
