@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from portable_guided.harness.latency import nested_any_of
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("PORTABLE_GUIDED_MASKBENCH", ROOT.parent / "shared/data/maskbench"))
 sys.path.insert(0, str(ROOT / "tests" / "fleet_cache"))
@@ -82,17 +84,6 @@ _REPLICA = textwrap.dedent("""
     rt.close()
 """).replace("@SECRET@", SECRET)
 
-
-def nested_any_of(depth: int, salt: int) -> dict:
-    """A schema whose compile time grows about 2.5x a level (llguidance depth 11: 0.55 s;
-    xgrammar depth 8: ~30 s); ``salt`` makes each one new."""
-    s: dict = {"type": "string", "pattern": f"^[a-z]{{1,{5 + salt}}}$"}
-    for i in range(depth):
-        s = {"anyOf": [
-            {"type": "object", "properties": {f"k{i}": s, "x": {"type": "integer", "minimum": i}},
-             "required": [f"k{i}"]},
-            {"type": "array", "items": s, "minItems": 1, "maxItems": 3}]}
-    return s
 
 
 def run_mode(mode: str, args: argparse.Namespace, schemas: list, url: str) -> dict:

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from fleet_helpers import SECRET, RedisServer
 
+from portable_guided.harness.latency import nested_any_of
 from portable_guided.runtime import (
     GrammarRuntime,
     GrammarSpec,
@@ -36,16 +37,6 @@ OBJECT = GrammarSpec.json_schema({"type": "object"})
 ARRAY = GrammarSpec.json_schema({"type": "array"})
 
 
-def nested_any_of(depth: int) -> dict:
-    """A schema whose compile time grows about 2.5x a level (llguidance: depth 10 0.22 s,
-    depth 11 0.55 s; depth 12 is refused as too large)."""
-    s: dict = {"type": "string", "pattern": "^[a-z]{1,5}$"}
-    for i in range(depth):
-        s = {"anyOf": [
-            {"type": "object", "properties": {f"k{i}": s, "x": {"type": "integer", "minimum": i}},
-             "required": [f"k{i}"]},
-            {"type": "array", "items": s, "minItems": 1, "maxItems": 3}]}
-    return s
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from runtime_helpers import cpu_seconds, process_gone, wait_gone
 
+from portable_guided.harness.latency import nested_any_of
 from portable_guided.runtime import (
     GrammarCompileError,
     GrammarRuntime,
@@ -22,18 +23,6 @@ from portable_guided.runtime import (
 )
 from portable_guided.runtime.cache import ByteLRUCache, FailureCache
 from portable_guided.runtime.compile_service import CompileService
-
-
-def nested_any_of(depth: int) -> dict:
-    """A schema whose xgrammar compile time grows about 3x every 2 levels (depth 8: ~30 s
-    here, depth 12: minutes); llguidance rejects depth 12 as too large."""
-    s: dict = {"type": "string", "pattern": "^[a-z]{1,5}$"}
-    for i in range(depth):
-        s = {"anyOf": [
-            {"type": "object", "properties": {f"k{i}": s, "x": {"type": "integer", "minimum": i}},
-             "required": [f"k{i}"]},
-            {"type": "array", "items": s, "minItems": 1, "maxItems": 3}]}
-    return s
 
 
 def test_byte_lru_cache_bounds():
