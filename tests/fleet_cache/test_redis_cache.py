@@ -30,6 +30,7 @@ from portable_guided.runtime import (
 from portable_guided.runtime.cache import DiskCache, pack_entry
 from portable_guided.runtime.cache_setup import open_cache
 from portable_guided.runtime.redis_cache import RedisCache
+from tests.runtime.runtime_helpers import first_mask
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = "llguidance"  # no torch in this lane: xgrammar needs it
@@ -43,13 +44,6 @@ ARRAY = GrammarSpec.json_schema({"type": "array"})
 def info():
     return load_tokenizer_info("qwen")
 
-
-def _first_mask(rt: GrammarRuntime, spec: GrammarSpec) -> np.ndarray:
-    req = rt.new_request(spec).wait(60)
-    assert not req.failed, req.error
-    bm = rt.allocate_bitmask(1)
-    req.fill(bm, 0)
-    return bm[0].copy()
 
 
 def _warm(rt: GrammarRuntime) -> None:
@@ -156,7 +150,7 @@ def test_forged_entry_in_redis_is_rejected_and_recompiled(redis_url, redis_serve
     with GrammarRuntime(info, ENGINE, compile_timeout_s=None) as rt:
         rt.compile(ARRAY)
         rt.compile(OBJECT)
-        expected = _first_mask(rt, OBJECT)
+        expected = first_mask(rt, OBJECT)
         object_key, array_key = _entry_key(rt, info, OBJECT), _entry_key(rt, info, ARRAY)
     client = redis_server.client
     array_data = client.get(f"portable-guided:g:{array_key}")
@@ -170,7 +164,7 @@ def test_forged_entry_in_redis_is_rejected_and_recompiled(redis_url, redis_serve
         client.set(f"portable-guided:g:{object_key}", forged)
         with GrammarRuntime(info, ENGINE, compile_timeout_s=None) as rt:
             assert rt.compile(OBJECT).source == "local"
-            np.testing.assert_array_equal(_first_mask(rt, OBJECT), expected)
+            np.testing.assert_array_equal(first_mask(rt, OBJECT), expected)
             assert rt.metrics()["cache_entries_rejected"] == 1, i
         # Replaced by the recompiled, authentic entry.
         with GrammarRuntime(info, ENGINE, compile_timeout_s=None) as rt:

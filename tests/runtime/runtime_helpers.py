@@ -17,6 +17,15 @@ def is_allowed(bitmask_row: np.ndarray, token: int) -> bool:
     return bool((word >> (token % 32)) & 1)
 
 
+def first_mask(rt: object, spec: object) -> np.ndarray:
+    """The first bitmask row of a new request for ``spec`` on runtime ``rt`` (a copy)."""
+    req = rt.new_request(spec).wait(60)  # type: ignore[attr-defined]
+    assert not req.failed, req.error
+    bm = rt.allocate_bitmask(1)  # type: ignore[attr-defined]
+    req.fill(bm, 0)
+    return bm[0].copy()
+
+
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of process ``pid`` from /proc (None if it is gone)."""
     import os

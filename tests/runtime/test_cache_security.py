@@ -14,7 +14,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from runtime_helpers import allowed
+from runtime_helpers import allowed, first_mask
 
 from portable_guided.runtime import GrammarRuntime, GrammarSpec
 from portable_guided.runtime.cache import (
@@ -37,13 +37,6 @@ def _no_cache_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def _first_mask(rt: GrammarRuntime, spec: GrammarSpec) -> np.ndarray:
-    req = rt.new_request(spec).wait(60)
-    assert not req.failed, req.error
-    bm = rt.allocate_bitmask(1)
-    req.fill(bm, 0)
-    return bm[0].copy()
-
 
 def _first_chars(info, mask: np.ndarray) -> set[str]:
     return {info.decode([int(t)]).lstrip()[:1] for t in allowed(mask, info.vocab_size)}
@@ -62,7 +55,7 @@ def test_forged_entry_is_a_miss_and_never_loaded(deepseek, tmp_path, caplog, eng
         (array_entry,) = tmp_path.rglob("*.grammar")
         rt.compile(OBJECT)
         (object_entry,) = set(tmp_path.rglob("*.grammar")) - {array_entry}
-        expected = _first_mask(rt, OBJECT)
+        expected = first_mask(rt, OBJECT)
     assert _first_chars(deepseek, expected) <= {"{", ""}
     assert "{" in _first_chars(deepseek, expected)
     header, _, body = array_entry.read_bytes().partition(b"\n")
@@ -74,7 +67,7 @@ def test_forged_entry_is_a_miss_and_never_loaded(deepseek, tmp_path, caplog, eng
     with GrammarRuntime(deepseek, engine, compile_timeout_s=None,
                         disk_cache_dir=str(tmp_path)) as rt:
         assert rt.compile(OBJECT).source == "local"
-        got = _first_mask(rt, OBJECT)
+        got = first_mask(rt, OBJECT)
         assert rt.metrics()["cache_entries_rejected"] == 1
     np.testing.assert_array_equal(got, expected)
     assert "[" not in _first_chars(deepseek, got)
@@ -83,7 +76,7 @@ def test_forged_entry_is_a_miss_and_never_loaded(deepseek, tmp_path, caplog, eng
     with GrammarRuntime(deepseek, engine, compile_timeout_s=None,
                         disk_cache_dir=str(tmp_path)) as rt:
         assert rt.compile(OBJECT).source == "disk"  # rewritten, authentic
-        np.testing.assert_array_equal(_first_mask(rt, OBJECT), expected)
+        np.testing.assert_array_equal(first_mask(rt, OBJECT), expected)
 
 
 def test_entry_made_under_another_secret_is_rejected(tmp_path, monkeypatch):

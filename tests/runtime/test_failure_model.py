@@ -20,7 +20,7 @@ from concurrent.futures import Future
 
 import numpy as np
 import pytest
-from runtime_helpers import allowed, cpu_seconds, process_gone, wait_gone
+from runtime_helpers import allowed, cpu_seconds, first_mask, process_gone, wait_gone
 from test_compile_service import nested_any_of
 
 from portable_guided.runtime import (
@@ -61,13 +61,6 @@ def local(info):
     for rt in made.values():
         rt.close()
 
-
-def first_mask(rt: GrammarRuntime, spec: GrammarSpec) -> np.ndarray:
-    req = rt.new_request(spec).wait(60)
-    assert not req.failed, req.error
-    bm = rt.allocate_bitmask(1)
-    req.fill(bm, 0)
-    return bm[0].copy()
 
 
 def wait_busy(pid: int, timeout_s: float = 60.0) -> None:
