@@ -75,7 +75,7 @@ from .walk import (
     _refs,
 )
 
-__all__ = ["engine_schema_text", "refuse_unsatisfiable", "lower"]
+__all__ = ["engine_schema_text", "lower", "needs_lowering", "refuse_unsatisfiable"]
 
 
 _log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def engine_schema_text(text: str) -> str:
     schema = json.loads(text)
     try:
         if isinstance(schema, dict):
-            if not _needs_lowering(schema):
+            if not needs_lowering(schema):
                 return text  # (most schemas: nothing to rewrite, no new text)
             # `schema` is ours (just parsed): lowered in place, no copy.
             lowered = _lower_owned(schema, approximate=True, keys=_KeyHint(text))
@@ -142,7 +142,7 @@ def lower(schema: Any, *, approximate: bool = False) -> Any:
     promise."""
     if not isinstance(schema, Mapping):
         return schema
-    if not _needs_lowering(schema):
+    if not needs_lowering(schema):
         return schema  # (most schemas: one cheap walk instead of a copy and every step)
     return _lower_owned(_copy(dict(schema)), approximate=approximate, keys=None)
 
@@ -160,7 +160,7 @@ def _lower_owned(doc: dict[str, Any], *, approximate: bool, keys: _KeyHint | Non
 
 
 #: Keywords some rewrite acts on: a schema without them (and without the forms
-#: :func:`_needs_lowering` also looks for) lowers to itself.
+#: :func:`needs_lowering` also looks for) lowers to itself.
 _ACTED_ON = frozenset(("$ref", "$id", "$anchor", "$dynamicAnchor", "$dynamicRef", "allOf", "anyOf",
                        "oneOf", "not", "if", "then", "else", "dependentRequired",
                        "dependentSchemas", "unevaluatedProperties", "unevaluatedItems",
@@ -204,7 +204,7 @@ _PASSIVE: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]] = {
     "$ref": _plain_ref, "anyOf": _bare_any_of, "$defs": _definitions,
     "definitions": _definitions}
 
-# What each keyword asks of :func:`_needs_lowering` (bit flags; 0: nothing).
+# What each keyword asks of :func:`needs_lowering` (bit flags; 0: nothing).
 _ACTIVE, _PASSIVE_KEY, _TYPED, _FAMILY_KEY, _COUNT, _ONE_SUB, _SUB_MAP, _SUB_LIST, _FORMAT = (
     1 << i for i in range(9))
 
@@ -221,7 +221,7 @@ def _role(key: str) -> int:
 _ROLES = {k: r for k in {*_KEYWORDS, *_COUNTS} if (r := _role(k))}
 
 
-def _needs_lowering(schema: Mapping[str, Any]) -> bool:
+def needs_lowering(schema: Mapping[str, Any]) -> bool:
     """Whether :func:`lower` can change ``schema``: a keyword some rewrite acts on, a count
     written as a float, a ``true``/``{}`` subschema, a format (a pattern takes its place),
     values beside other keywords, a required property that is ``false``, or keywords of one

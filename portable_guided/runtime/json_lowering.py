@@ -20,9 +20,9 @@ from ..json_schema.lowering import (
     STANDARD_FORMATS,  # noqa: F401
     _lower_owned,  # noqa: F401
     _Lowerer,  # noqa: F401
-    _needs_lowering,  # noqa: F401
     engine_schema_text,
     lower,
+    needs_lowering,  # noqa: F401
     refuse_unsatisfiable,
 )
 from ..json_schema.references import _hoist_refs  # noqa: F401

@@ -447,13 +447,13 @@ def _hoisted(schema):
 @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(_schemas(), _schemas())
 def test_schemas_the_fast_path_skips_lower_to_themselves(schema, target):
-    """``lower`` returns a schema untouched when ``_needs_lowering`` says no rewrite can
+    """``lower`` returns a schema untouched when ``needs_lowering`` says no rewrite can
     change it; every rewrite agrees (the full lowering only renames plain references)."""
-    from portable_guided.runtime.json_lowering import _needs_lowering
+    from portable_guided.json_schema.lowering import needs_lowering
 
     schema = _rooted(schema, target) if isinstance(schema, dict) and "$ref" in json.dumps(
         schema) else schema
-    if not isinstance(schema, dict) or _needs_lowering(schema):
+    if not isinstance(schema, dict) or needs_lowering(schema):
         return
     assert json.dumps(_full_lowering(schema)) == json.dumps(_hoisted(schema))
 
@@ -506,14 +506,14 @@ def test_keywords_spelled_with_escapes_are_keywords():
 def test_suite_and_maskbench_schemas_the_fast_path_skips_lower_to_themselves():
     from pathlib import Path
 
-    from portable_guided.runtime.json_lowering import _needs_lowering
+    from portable_guided.json_schema.lowering import needs_lowering
 
     schemas = [g["schema"] for path in sorted(SUITE.glob("*.json"))
                for g in json.loads(path.read_text(encoding="utf-8"))]
     maskbench = SUITE.parents[1] / "maskbench"
     for path in sorted(Path(maskbench).glob("*.jsonl"))[:6]:
         schemas += [json.loads(line)["schema"] for line in path.open(encoding="utf-8")][:300]
-    skipped = [s for s in schemas if isinstance(s, dict) and not _needs_lowering(s)]
+    skipped = [s for s in schemas if isinstance(s, dict) and not needs_lowering(s)]
     assert len(skipped) > 100
     for s in skipped:
         assert json.dumps(_full_lowering(s)) == json.dumps(_hoisted(s)), s
