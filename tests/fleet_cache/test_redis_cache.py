@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from fleet_helpers import SECRET, RedisServer
 
-from portable_guided.harness.latency import nested_any_of
+from portable_guided.harness.latency import pathological_spec
 from portable_guided.runtime import (
     GrammarRuntime,
     GrammarSpec,
@@ -116,8 +116,8 @@ def test_a_pathological_schema_times_out_once_for_the_fleet(redis_url, info, tmp
     """Replica A spends its limit on a schema and times out; replica B, another runtime
     with another local directory, fails it at once with the same kind of error, compiling
     nothing and killing no worker."""
-    slow = GrammarSpec.json_schema(nested_any_of(11), validate=False)  # 0.55 s here
-    limit = 0.3
+    slow = pathological_spec("fleet")  # seconds on every engine, far past the limit
+    limit = 1.0
     with GrammarRuntime(info, ENGINE, compile_timeout_s=limit,
                         disk_cache_dir=str(tmp_path / "a")) as a, \
             GrammarRuntime(info, ENGINE, compile_timeout_s=limit,
