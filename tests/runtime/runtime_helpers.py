@@ -26,6 +26,16 @@ def first_mask(rt: object, spec: object) -> np.ndarray:
     return bm[0].copy()
 
 
+def disk_entries(rt: object, directory: object, first: object, second: object) -> tuple:
+    """Compile ``first`` then ``second`` on ``rt`` (a runtime with a disk cache in the
+    ``pathlib.Path`` ``directory``); the paths of their two entries, in that order."""
+    rt.compile(first)  # type: ignore[attr-defined]
+    (first_entry,) = directory.rglob("*.grammar")  # type: ignore[attr-defined]
+    rt.compile(second)  # type: ignore[attr-defined]
+    (second_entry,) = set(directory.rglob("*.grammar")) - {first_entry}  # type: ignore[attr-defined]
+    return first_entry, second_entry
+
+
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of process ``pid`` from /proc (None if it is gone)."""
     import os

@@ -14,7 +14,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from runtime_helpers import allowed, first_mask
+from runtime_helpers import allowed, disk_entries, first_mask
 
 from portable_guided.runtime import GrammarRuntime, GrammarSpec
 from portable_guided.runtime.cache import (
@@ -51,10 +51,7 @@ def test_forged_entry_is_a_miss_and_never_loaded(deepseek, tmp_path, caplog, eng
     schema with the array grammar (first tokens ``[``, ``["``, ``[-``)."""
     with GrammarRuntime(deepseek, engine, compile_timeout_s=None,
                         disk_cache_dir=str(tmp_path)) as rt:
-        rt.compile(ARRAY)
-        (array_entry,) = tmp_path.rglob("*.grammar")
-        rt.compile(OBJECT)
-        (object_entry,) = set(tmp_path.rglob("*.grammar")) - {array_entry}
+        array_entry, object_entry = disk_entries(rt, tmp_path, ARRAY, OBJECT)
         expected = first_mask(rt, OBJECT)
     assert _first_chars(deepseek, expected) <= {"{", ""}
     assert "{" in _first_chars(deepseek, expected)

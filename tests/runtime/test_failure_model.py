@@ -20,7 +20,7 @@ from concurrent.futures import Future
 
 import numpy as np
 import pytest
-from runtime_helpers import allowed, cpu_seconds, first_mask, process_gone, wait_gone
+from runtime_helpers import allowed, cpu_seconds, disk_entries, first_mask, process_gone, wait_gone
 from test_compile_service import nested_any_of
 
 from portable_guided.runtime import (
@@ -114,10 +114,7 @@ def test_swapped_disk_entry_is_refused(info, tmp_path, caplog):
         {"type": "object"})
     with GrammarRuntime(info, "xgrammar", compile_timeout_s=None,
                         disk_cache_dir=str(tmp_path)) as rt:
-        rt.compile(array)
-        (array_entry,) = tmp_path.rglob("*.grammar")
-        rt.compile(obj)
-        (object_entry,) = set(tmp_path.rglob("*.grammar")) - {array_entry}
+        array_entry, object_entry = disk_entries(rt, tmp_path, array, obj)
         expected = first_mask(rt, obj)
     shutil.copy(array_entry, object_entry)
     caplog.set_level(logging.WARNING, logger="portable_guided")
