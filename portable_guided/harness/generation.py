@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 import zlib
 from collections import Counter
@@ -102,9 +103,13 @@ class Failure:
     draft: str
     #: The format whose check failed (``keyword == "format"``), else "".
     format: str = ""
-    #: Set where the validator itself is suspect: it decides one of the suite's own
-    #: instances of this group against the suite's label.
+    #: Why the failure may not be the mask's: the validator decides one of the suite's own
+    #: instances of this group against the suite's label, or the text is valid when
+    #: numbers are read exactly; or a fact about the text (it repeats a property name).
     note: str = ""
+    #: Whether the note says the validator, not the mask, is wrong about this text (a
+    #: defect of ``jsonschema`` or of binary floats): such a failure is counted apart.
+    validator_suspect: bool = False
 
 
 @dataclass
@@ -152,6 +157,9 @@ class GenerationResult:
             "remote_refused": self.remote_refused, "remote_compiled": len(self.remote_compiled),
             "walks_finished": self.walks_finished, "walks_unfinished": self.walks_unfinished,
             "tokens": self.tokens, "failures": len(self.failures),
+            # The target: texts the validator rejects and is not suspected of misjudging.
+            "invalid_texts": sum(not f.validator_suspect for f in self.failures),
+            "validator_suspect_failures": sum(f.validator_suspect for f in self.failures),
             "failing_schemas": len({f.id for f in self.failures}),
             "failures_by_keyword": dict(Counter(f.keyword if f.keyword != "format"
                                                 else f"format:{f.format}"
@@ -354,7 +362,64 @@ def validator_for(schema: Any) -> Any:
         warnings.simplefilter("ignore", DeprecationWarning)
         cls = jsonschema.validators.validator_for(schema,
                                                   default=jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+    checking = _ECMA_CLASSES.get(cls)
+    if checking is None:
+        checking = _ECMA_CLASSES[cls] = jsonschema.validators.extend(
+            cls, {"pattern": _pattern, "patternProperties": _pattern_properties,
+                  "additionalProperties": _additional_properties})
+    return checking(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+# Each draft's validator class with the pattern keywords below.
+_ECMA_CLASSES: dict[Any, Any] = {}
+
+
+def _search(pattern: str, text: str) -> bool:
+    """``re.search``, or the ``regex`` module's where ``re`` cannot read the pattern
+    (``\\p{Letter}``: ECMA-262 Unicode property escapes), so such texts are checked too
+    instead of ending as validator errors."""
+    try:
+        return re.search(pattern, text) is not None
+    except re.error:
+        import regex  # (a dependency of transformers, so of every lane with a tokenizer)
+
+        return regex.search(pattern, text) is not None
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[Any]:
+    import jsonschema
+
+    if validator.is_type(instance, "string") and not _search(pattern, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _additional_properties(validator: Any, extra: Any, instance: Any,
+                           schema: Any) -> Iterator[Any]:
+    import jsonschema
+
+    if not validator.is_type(instance, "object"):
+        return
+    named, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
+    extras = [k for k in instance
+              if k not in named and not any(_search(p, k) for p in patterns)]
+    if validator.is_type(extra, "object"):
+        for name in extras:
+            yield from validator.descend(instance[name], extra, path=name)
+    elif extra is False and extras:
+        yield jsonschema.ValidationError(
+            f"Additional properties are not allowed ({', '.join(map(repr, extras))} "
+            "unexpected)")
+
+
+def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any,
+                        schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for name, value in instance.items():
+            if _search(pattern, name):
+                yield from validator.descend(value, subschema, path=name,
+                                             schema_path=pattern)
 
 
 def unchecked_formats(schema: Any, validator: Any) -> set[str]:
@@ -528,15 +593,18 @@ def run_generation(items: Iterable[dict[str, Any]], walker: MaskWalker, *, walks
                                                   "first_wins_error": err[:300]})
                 continue
             keyword, error, fmt = bad
+            why, suspect = note, bool(note)
+            if keyword in _NUMERIC and _decimal_valid(target, raw):
+                why = why or ("valid when numbers are read exactly (decimal), as the "
+                              "engines read them: the validator's binary floats decide it")
+                suspect = True
             if keyword not in ("json", "utf-8") and _first_wins(raw.decode("utf-8"))[0]:
                 # (minProperties met only by counting a repeated name twice, say)
-                note = note or "the text repeats a property name (a parser keeps one)"
-            if keyword in _NUMERIC and _decimal_valid(target, raw):
-                note = note or ("valid when numbers are read exactly (decimal), as the "
-                                "engines read them: the validator's binary floats decide it")
+                why = why or "the text repeats a property name (a parser keeps one)"
             row["failures"] += 1
             result.failures.append(Failure(item_id, walker.engine, raw.decode("utf-8",
-                                           "replace"), error, keyword, draft, fmt, note))
+                                           "replace"), error, keyword, draft, fmt, why,
+                                           suspect))
         if progress is not None:
             progress(row)
     return result

@@ -8,7 +8,7 @@ import json
 import math
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeGuard
 
 from .keywords import ANNOTATIONS
 from .walk import map_schemas
@@ -61,7 +61,7 @@ def _cut_bound_values(node: Mapping[str, Any]) -> list[float]:
     return sorted({float(v) for v in candidates if within(v) and repr(float(v)) == str(v)})
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     # (math.isfinite overflows on a huge int, which is finite anyway)
     return type(value) is int or type(value) is float and math.isfinite(value)
 

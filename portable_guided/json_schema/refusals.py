@@ -52,7 +52,8 @@ def unsound(schema: Any) -> list[str]:
       (JSON Schema Test Suite ``oneOf.json`` groups 0, 1, 2, 4, 6, 7, 8, 9);
     - ``$dynamicRef``/``$dynamicAnchor`` (``dynamicRef.json`` group 2: a ``$ref`` to a
       ``$dynamicAnchor``, which the lowering resolves where no ``$dynamicRef`` exists);
-    - a ``$ref`` left unresolved that is not a JSON pointer (``anchor.json`` group 0).
+    - a ``$ref`` left unresolved that is not a JSON pointer (``anchor.json`` group 0);
+    - a ``minProperties`` a repeated property name could meet (:func:`_counts_repeated_names`).
     """
     found = []
     defs = schema.get("$defs") if isinstance(schema, Mapping) else None
@@ -80,16 +81,43 @@ def unsound(schema: Any) -> list[str]:
         ref = node.get("$ref")
         if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")):
             found.append(f"{where}: $ref {ref[:60]!r} was not resolved")
+        if _counts_repeated_names(node):
+            found.append(f"{where}: minProperties {node['minProperties']} beyond the required "
+                         "names: an engine counts a repeated property name twice, a parser "
+                         "keeps one")
     return found
+
+
+def _counts_repeated_names(node: Mapping[str, Any]) -> bool:
+    """Whether a model could meet ``node``'s ``minProperties`` only by repeating a name.
+
+    Both engines count name/value pairs, and the names an object may have beyond its
+    declared ones are free strings that may repeat (``{"a": 1, "a": 2}``); JSON parsers keep
+    one, so the object the caller validates has fewer properties. Safe: a count of 1 (any
+    pair gives one name), a count the required names meet, or an object with declared names
+    only (each is written at most once)."""
+    count = node.get("minProperties")
+    if not _is_number(count) or count < 2:
+        return False
+    required = node.get("required")
+    if isinstance(required, list) and count <= len({r for r in required if isinstance(r, str)}):
+        return False
+    closed = node.get("additionalProperties") is False and not node.get("patternProperties")
+    return not closed
+
+
+#: Keywords naming properties (:func:`xgrammar_escapes` reads their names).
+_NAMED = frozenset(("properties", "patternProperties", "dependentSchemas", "dependentRequired",
+                    "required"))
 
 
 def xgrammar_escapes(schema: Any) -> list[str]:
     """Property names xgrammar 0.2.8 mis-escapes (``"``, ``\\``, control characters): it
     then accepts a value of any type under them (``properties.json`` group 3)."""
     found = []
-    for pointer, node in _walk(schema):
-        if not isinstance(node, Mapping):
-            continue
+    for pointer, node in iter_schemas(schema):
+        if _NAMED.isdisjoint(node):
+            continue  # (most nodes)
         names: list[Any] = []
         for key in ("properties", "patternProperties", "dependentSchemas",
                     "dependentRequired"):
@@ -115,6 +143,9 @@ XGRAMMAR_TYPED_ONLY = ("pattern", "minLength", "maxLength", "format", "minimum",
                        "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minItems",
                        "maxItems", "minProperties", "maxProperties", "patternProperties",
                        "propertyNames")
+
+_IGNORED = frozenset(XGRAMMAR_IGNORED)
+_TYPED_ONLY = frozenset(XGRAMMAR_TYPED_ONLY)
 
 #: The pattern of each format's language (``json_schema.formats``) to its entry: the
 #: lowering put it in place of ``format``, and an engine the entry refuses refuses it.
@@ -162,17 +193,16 @@ def xgrammar_unsupported(schema: Any) -> list[str]:
     found = format_unsupported(schema, "xgrammar")
     for pointer, node in iter_schemas(schema):
         where = pointer or "/"
-        for key in XGRAMMAR_IGNORED:
-            if key in node:
-                found.append(f"{where}: {key} is not enforced by xgrammar")
+        if not _IGNORED.isdisjoint(node):
+            found += [f"{where}: {key} is not enforced by xgrammar"
+                      for key in XGRAMMAR_IGNORED if key in node]
         if node.get("uniqueItems") is True:
             found.append(f"{where}: uniqueItems is not enforced by xgrammar")
         types = node.get("type")
         types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
-        if not types:
-            for key in XGRAMMAR_TYPED_ONLY:
-                if key in node:
-                    found.append(f"{where}: {key} without a type is not enforced by xgrammar")
+        if not types and not _TYPED_ONLY.isdisjoint(node):
+            found += [f"{where}: {key} without a type is not enforced by xgrammar"
+                      for key in XGRAMMAR_TYPED_ONLY if key in node]
         if "multipleOf" in node and not (
                 types == ["integer"] and isinstance(node["multipleOf"], int)):
             found.append(f"{where}: multipleOf is enforced by xgrammar only as an integer on "

@@ -148,6 +148,21 @@ def test_validator_defects_are_flagged(walkers):
         result = run_generation([_suite_item(item_id)], walkers["llguidance"], walks=4,
                                 seed=SEED)
         assert all("suite's own tests" in f.note for f in result.failures), _report(result)
+        counts = result.summary()
+        assert counts["invalid_texts"] == 0, _report(result)
+        assert counts["validator_suspect_failures"] == len(result.failures)
+
+
+def test_the_validator_reads_unicode_property_escapes():
+    # Python's re cannot read \p{...} (ECMA-262): the regex module checks such patterns, so
+    # the walks of these schemas are validated instead of ending as validator errors.
+    letters = validator_for({"type": "string", "pattern": "^\\p{Letter}+$"})
+    assert letters.is_valid("\u00e9t\u00e9") and not letters.is_valid("et\u00e9 1")
+    keyed = validator_for({"patternProperties": {"^\\p{Lu}": {"type": "integer"}}})
+    assert keyed.is_valid({"A": 1, "a": "x"}) and not keyed.is_valid({"\u00c9": "x"})
+    closed = validator_for({"patternProperties": {"^\\p{digit}+$": True},
+                            "additionalProperties": False})
+    assert closed.is_valid({"42": 0}) and not closed.is_valid({"4x": 0})
 
 
 @pytest.mark.skipif(MASKBENCH is None, reason="MaskBench data (shared/data/maskbench) not found")

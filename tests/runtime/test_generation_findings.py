@@ -19,6 +19,9 @@ CASES = {
     # lowering had split `{"pattern": ...}` by type; it now types names as strings).
     "propertyNames": ({"type": "object", "propertyNames": {"pattern": "^a+$"}},
                       '{"aa": 1, 2: 3}'),
+    # Both engines count pairs: a repeated name met minProperties (MaskBench o48619, a
+    # llguidance walk); a parser keeps one name, so the object has one property.
+    "repeated name": ({"type": "object", "minProperties": 2}, '{"a": 1, "a": 2}'),
 }
 
 
@@ -44,3 +47,23 @@ def test_raw_xgrammar_accepts_it(deepseek, case):
     matcher = xgr.GrammarMatcher(grammar)
     assert all(matcher.accept_token(t) for t in deepseek.encode(text)), (case, text)
     assert matcher.accept_token(deepseek.stop_token_ids[0])
+
+
+@pytest.mark.parametrize(("schema", "refused"), [
+    ({"type": "object", "minProperties": 2}, True),
+    ({"minProperties": 3, "required": ["a", "b"], "additionalProperties": {"type": "integer"}},
+     True),
+    ({"minProperties": 2, "patternProperties": {"^x": {}}, "additionalProperties": False},
+     True),
+    ({"minProperties": 1}, False),  # any pair is one name
+    ({"minProperties": 2, "required": ["a", "b"]}, False),
+    ({"minProperties": 2, "required": ["a", "a"]}, True),  # one name, required twice
+    ({"minProperties": 2, "properties": {"a": {}, "b": {}, "c": {}},
+      "additionalProperties": False}, False),  # declared names are written once each
+])
+def test_min_properties_a_repeated_name_could_meet_is_refused(schema, refused):
+    from portable_guided.json_schema.refusals import unsound
+
+    reasons = unsound(schema)
+    assert bool(reasons) is refused, reasons
+    assert not refused or "minProperties" in reasons[0]

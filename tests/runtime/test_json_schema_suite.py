@@ -25,11 +25,12 @@ pytestmark = [
 ]
 
 # Floors: the level reached (bench/results/json_schema_suite.json); raise them as coverage
-# grows, never lower them.
+# grows, never lower them but for soundness. (auto's 320 compiled became 319 when a
+# minProperties a repeated property name could meet was refused: dependentSchemas.json#2.)
 FLOORS = {  # engine: (schemas compiled, instances decided right, the same on compiled schemas)
     "xgrammar": (261, 869, 830),
     "llguidance": (308, 1000, 961),
-    "auto": (320, 1054, 1015),
+    "auto": (319, 1054, 1015),
 }
 
 
@@ -80,9 +81,11 @@ DRAFTS_DIR = Path(__file__).resolve().parents[1] / "data" / "json-schema-test-su
 #: Floors on engine auto (bench/results/json_schema_suite_<draft>.json): groups, schemas
 #: compiled, instances decided right. Required and optional tests, `optional/format` left out.
 #: (Two groups of optional/ecmascript-regex.json, patterns naming a control character, are
-#: refused since generation found xgrammar writing them raw: 2 compiled, 2 right fewer.)
-DRAFT_FLOORS = {"draft4": (192, 173, 608), "draft6": (266, 233, 809),
-                "draft7": (295, 258, 897), "draft2019-09": (420, 364, 1202)}
+#: refused since generation found xgrammar writing them raw: 2 compiled, 2 right fewer; the
+#: `dependencies`/`dependentSchemas` group with `minProperties: 4`, refused since a repeated
+#: property name could meet it: 1 compiled, 6 right fewer, 2 of each in 2019-09.)
+DRAFT_FLOORS = {"draft4": (192, 172, 602), "draft6": (266, 232, 803),
+                "draft7": (295, 257, 891), "draft2019-09": (420, 362, 1194)}
 #: Accepted invalid instances for a reason outside dialects: a non-BMP character (U+1F432)
 #: repeated in a `patternProperties` regex (the same schema in every draft).
 OUTSIDE_DIALECTS = {"optional/non-bmp-regex.json#1"}
