@@ -354,7 +354,8 @@ def _validate_schema(schema: Any, base: str = "") -> Any:
         if not proves_valid(schema):
             _validate_meta(schema, base)
         return schema
-    _validate_meta(schema, base)
+    if not proves_valid(schema):
+        _validate_meta(schema, base)
     normalised = _normalise.normalise(schema, dialect)
     _validate_refs(normalised, base)
     return normalised
