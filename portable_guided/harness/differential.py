@@ -34,7 +34,7 @@ def compare_engines(records: Sequence[dict[str, Any]], info: TokenizerInfo, *,
     compiled). llguidance compiles first: xgrammar is skipped where it fails (not both).
     ``timeout_s=None`` compiles in this process (no worker, no limit)."""
     rts = {e: GrammarRuntime(info, e, compile_timeout_s=timeout_s, fill_threads=1,
-                             failure_ttl_s=0) for e in ENGINES}
+                             failure_ttl_s=0, engine_upgrade=False) for e in ENGINES}
     stop = info.stop_token_ids[0]
     rows: list[dict[str, Any]] = []
     try:

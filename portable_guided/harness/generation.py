@@ -211,8 +211,10 @@ class MaskWalker:
         self.engine = engine
         self.max_steps = max_steps
         self.soft_steps = soft_steps
+        # No engine upgrade: each walk of an `auto` spec on the engine auto chose (an
+        # upgraded spec gets the xgrammar engine's grammar, which its own walks cover).
         self.rt = GrammarRuntime(info, engine, compile_timeout_s=timeout_s, fill_threads=1,
-                                 failure_ttl_s=0)
+                                 failure_ttl_s=0, engine_upgrade=False)
         self.stops = info.stop_token_ids
         self.token_bytes = _token_bytes(info)
         self.classes = _class_words(self.token_bytes, info.bitmask_words, self.stops)

@@ -65,7 +65,8 @@ def _pct(values: list[float], q: float) -> float:
 class _Walker:
     """Per-mode compile + mask + accept primitives."""
 
-    def __init__(self, mode: str, info: TokenizerInfo, timeout_s: float) -> None:
+    def __init__(self, mode: str, info: TokenizerInfo, timeout_s: float,
+                 upgrade: bool = False) -> None:
         self.mode = mode
         self.info = info
         self.timeout_s = timeout_s
@@ -74,8 +75,10 @@ class _Walker:
         self.rt: GrammarRuntime | None = None
         self.pool: WorkerPool | None = None
         if kind == "runtime":
+            # Engine upgrades only where the run measures them (the warm pass): otherwise
+            # every instance of an `auto` spec is decided by the engine auto chose.
             self.rt = GrammarRuntime(info, engine, compile_timeout_s=timeout_s, fill_threads=1,
-                                     failure_ttl_s=0)
+                                     failure_ttl_s=0, engine_upgrade=upgrade)
         elif kind == "raw":
             self.pool = WorkerPool(
                 lambda: {engine: engine_class(engine).tokenizer_payload(info)}, size=1)
@@ -119,6 +122,17 @@ class _Walker:
             return self._xgr.CompiledGrammar.deserialize_json(text, self._xinfo), seconds
         return text, seconds
 
+    def settle(self, spec: GrammarSpec, wait_s: float) -> str:
+        """Wait up to ``wait_s`` for ``spec``'s engine upgrade, if one runs (runtime modes);
+        the engine later requests of ``spec`` get."""
+        if self.rt is None:
+            return f"raw:{self.engine}"
+        service = self.rt._service
+        deadline = time.monotonic() + wait_s
+        while service.upgrade_state(spec) == "running" and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return str(self.rt.compile(spec).engine_name)
+
     def walk(self, spec: GrammarSpec, compiled: Any, ids: list[int], bm: np.ndarray,
              mask_times: list[float]) -> bool:
         """True if every token and then the stop token were allowed and accepted."""
@@ -158,12 +172,22 @@ class _Walker:
 
 
 def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, *,
-             timeout_s: float = 30.0, progress: Any = None) -> dict[str, Any]:
-    """Run one mode over ``records``; returns ``{"summary": ..., "per_schema": [...]}``."""
-    walker = _Walker(mode, info, timeout_s)
+             timeout_s: float = 30.0, progress: Any = None,
+             warm_wait_s: float | None = None) -> dict[str, Any]:
+    """Run one mode over ``records``; returns ``{"summary": ..., "per_schema": [...],
+    "mask_times": [...]}``.
+
+    ``warm_wait_s``: runtimes with engine upgrades on (``CompileService(upgrade=True)``),
+    and after a schema's tests its valid instances walked once more as later requests of
+    the same schema (``"warm_mask_times"``: the steady state a server sees for a schema it
+    serves repeatedly; ``warm_valid_rejected`` per schema), after waiting up to this long for
+    the upgrade to settle; raw modes walk their own grammar again. Without it, upgrades are
+    off: every instance of an ``auto`` spec is decided by the engine ``auto`` chose."""
+    walker = _Walker(mode, info, timeout_s, upgrade=warm_wait_s is not None)
     per_schema: list[dict[str, Any]] = []
     compile_times: list[float] = []
     mask_times: list[float] = []
+    warm_times: list[float] = []
     bm = np.full((1, info.bitmask_words), -1, dtype=np.int32)
     try:
         # Warm up: the first compile waits for the worker process to start.
@@ -206,12 +230,22 @@ def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, 
                 else:
                     row["invalid_ok"] += ok
                 row["tokens"] = row.get("tokens", 0) + len(ids) + 1
+            if warm_wait_s is not None:
+                row["warm_engine"] = walker.settle(spec, warm_wait_s)
+                row["warm_valid_rejected"] = 0
+                for test in rec.get("tests", []):
+                    if test["valid"]:
+                        ids = info.encode(json.dumps(test["data"], indent=None,
+                                                     ensure_ascii=False))
+                        row["warm_valid_rejected"] += not walker.walk(spec, compiled, ids, bm,
+                                                                      warm_times)
             if progress is not None:
                 progress(row)
     finally:
         walker.close()
     return {"summary": summarize(per_schema, compile_times, mask_times, records=None),
-            "per_schema": per_schema, "mask_times": mask_times}
+            "per_schema": per_schema, "mask_times": mask_times,
+            "warm_mask_times": warm_times}
 
 
 def summarize(per_schema: list[dict[str, Any]], compile_times: list[float],

@@ -148,8 +148,9 @@ def probe_engine(records: Sequence[dict[str, Any]], info: TokenizerInfo, engine:
     are the record's valid instances that it accepts)."""
     from ..json_schema.strict import strict_schema
 
+    # (No engine upgrade: every instance of a spec decided by the engine auto chose.)
     rt = GrammarRuntime(info, engine, compile_timeout_s=timeout_s, fill_threads=1,
-                        failure_ttl_s=0)
+                        failure_ttl_s=0, engine_upgrade=False)
     stop = info.stop_token_ids[0]
     rows: list[dict[str, Any]] = []
     try:

@@ -50,8 +50,9 @@ def run_suite(groups: Sequence[dict[str, Any]], info: TokenizerInfo, engine: str
     """One row per group: ``{"id", "status": "ok" | "empty" | "refused" | "timeout", "error",
     "tests": [[valid, accepted], ...]}``: tests where the schema compiled, and where it was
     refused as accepting no value at all ("empty": the runtime then accepts no instance)."""
+    # (No engine upgrade: every instance of a group decided by the engine auto chose.)
     rt = GrammarRuntime(info, engine, compile_timeout_s=timeout_s, fill_threads=1,
-                        failure_ttl_s=0)
+                        failure_ttl_s=0, engine_upgrade=False)
     stop = info.stop_token_ids[0]
     rows: list[dict[str, Any]] = []
     try:

@@ -77,6 +77,17 @@ LOCK_WAIT_WITHOUT_LIMIT_S = 120.0
 #: share of the time its deadline leaves (then it compiles here with the rest).
 LOCK_WAIT_SHARE = 0.5
 
+#: With ``upgrade=True`` under ``auto``, a JSON schema another engine compiled is compiled
+#: with this one in the background once it is requested again: its masks are the fastest
+#: (per-mask p99 on 419 MaskBench/Github schemas: llguidance 1.4 ms, xgrammar 93 us;
+#: bench/results/engine_choice_cpu.json), and later requests use it.
+UPGRADE_ENGINE = "xgrammar"
+#: The longest an upgrade's compile may take (in a worker, killed past it): a spec whose
+#: compile takes longer keeps its grammar (xgrammar compiles some open objects in seconds).
+UPGRADE_LIMIT_S = 1.0
+#: Upgrade outcomes remembered, so that each spec is tried once (the oldest forgotten).
+_UPGRADES_KEPT = 4096
+
 
 @dataclass(frozen=True)
 class CompiledGrammar:
@@ -86,8 +97,8 @@ class CompiledGrammar:
     grammar: Any
     nbytes: int
     #: "compile", "local" (compiled in this process: no time limit, or a fast compile
-    #: redone here), "race" (this process's compile won a race with the worker), "disk" or
-    #: "memory".
+    #: redone here), "race" (this process's compile won a race with the worker), "disk",
+    #: "memory" or "upgrade" (``CompileService(upgrade=True)``).
     source: str
     compile_s: float
 
@@ -120,6 +131,15 @@ class CompileService:
     thread (CPU and memory) until it ends; while it runs, every compile goes to the workers
     (``runaway``). An engine crash inside such a compile would take this process down. Off by
     default (the vLLM and SGLang backends turn it on: docs/latency.md).
+
+    ``upgrade=True`` (with ``engine="auto"`` and a time limit): a JSON schema that ``auto``
+    compiled with an engine other than :data:`UPGRADE_ENGINE` is compiled with that one in
+    the background when it is requested again (a memory-cache hit), one upgrade at a time,
+    in a worker at the long lane's priority that starts only while no other compile waits,
+    within :data:`UPGRADE_LIMIT_S`. Once it compiled, later requests get it; requests
+    already running keep their grammar (both engines accept the same language:
+    docs/json_schema.md). A spec the engine refuses, or that compiles too slowly, keeps
+    its grammar. :meth:`upgrade_state` says how a spec's upgrade went.
     """
 
     def __init__(
@@ -138,6 +158,7 @@ class CompileService:
         metrics: Metrics | None = None,
         race: bool = False,
         local_patience_s: float = LOCAL_PATIENCE_S,
+        upgrade: bool = False,
     ) -> None:
         if engine != "auto" and engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose from {['auto', *ENGINES]}")
@@ -174,6 +195,11 @@ class CompileService:
         #: A compile in this process still running past its deadline; every compile goes to
         #: the workers until it ends.
         self.runaway: Future[Any] | None = None
+        self._upgrade = (upgrade and engine == "auto" and timeout_s is not None
+                         and UPGRADE_ENGINE in self.order[1:])
+        #: Spec key -> "running", "done", "failed" or "dropped" (:meth:`upgrade_state`).
+        self._upgrades: dict[str, str] = {}
+        self._upgrader = ThreadPoolExecutor(1, thread_name_prefix="pg-upgrade")
         self._pool: WorkerPool | None = None
         if timeout_s is not None:
             self._pool = WorkerPool(
@@ -232,6 +258,7 @@ class CompileService:
         for fut in pending:
             _resolve(fut, error)
         self._threads.shutdown(wait=False, cancel_futures=True)
+        self._upgrader.shutdown(wait=False, cancel_futures=True)
         if self._pool is not None:
             self._pool.close()
 
@@ -253,6 +280,8 @@ class CompileService:
         hit = self._memory.get(key)
         if hit is not None:
             self.metrics.inc("cache_hits_memory")
+            if self._upgrade and hit.engine_name != UPGRADE_ENGINE:
+                self._start_upgrade(key, spec)
             fut: Future[CompiledGrammar] = Future()
             fut.set_result(hit)
             return fut
@@ -285,6 +314,74 @@ class CompileService:
             raise RuntimeClosed("the grammar runtime is closed: it takes no new compiles") \
                 from None
         return fut
+
+    # -- upgrades --------------------------------------------------------------------------
+    def upgrade_state(self, spec: GrammarSpec) -> str | None:
+        """How ``spec``'s engine upgrade went (``upgrade=True``): ``"running"``, ``"done"``
+        (later requests get :data:`UPGRADE_ENGINE`'s grammar), ``"failed"`` (refused, or
+        its compile ran past :data:`UPGRADE_LIMIT_S`: it keeps its grammar), ``"dropped"``
+        (its grammar left the cache meanwhile), or None (not tried, or it never found a
+        free worker within the limit: the next request tries again)."""
+        with self._inflight_lock:
+            return self._upgrades.get(f"{self.engine_choice}:{spec.key}")
+
+    def _start_upgrade(self, key: str, spec: GrammarSpec) -> None:
+        if spec.kind != "json_schema":  # (one language on every engine: JSON Schema's)
+            return
+        with self._inflight_lock:
+            if key in self._upgrades or self._closed:
+                return
+            self._upgrades[key] = "running"
+            if len(self._upgrades) > _UPGRADES_KEPT:
+                del self._upgrades[next(iter(self._upgrades))]
+        try:
+            self._upgrader.submit(self._run_upgrade, key, spec)
+        except RuntimeError:  # closed meanwhile
+            self._end_upgrade(key, "dropped")
+
+    def _run_upgrade(self, key: str, spec: GrammarSpec) -> None:
+        try:
+            engine = self.engine(UPGRADE_ENGINE)
+            if self._pool is None:  # (upgrade=True needs a limit: see __init__)
+                raise RuntimeError("no compile workers")
+            status, text, _ = self._pool.run(UPGRADE_ENGINE, spec.to_dict(), UPGRADE_LIMIT_S,
+                                             serialize="prepared", background=True)
+            _raise_for_status(status, text, UPGRADE_ENGINE)
+            t0 = time.perf_counter()
+            grammar = (engine.compile_prepared(tuple(text["prepared"]))
+                       if isinstance(text, dict) and hasattr(engine, "compile_prepared")
+                       else engine.compile(spec))
+            compiled = CompiledGrammar(engine, grammar, engine.nbytes(grammar), "upgrade",
+                                       time.perf_counter() - t0)
+        except GrammarTimeout as exc:
+            if exc.started:
+                self._upgrade_failed(key, spec, exc)
+            else:  # other compiles kept every worker busy: a later request tries again
+                self._end_upgrade(key, None)
+            return
+        except Exception as exc:  # noqa: BLE001 - the spec keeps the grammar it has
+            self._upgrade_failed(key, spec, exc)
+            return
+        with self._inflight_lock:
+            kept = not self._closed and self._memory.get(key) is not None
+            if kept:
+                self._memory.put(key, compiled, compiled.nbytes)
+        self.metrics.inc("upgrades" if kept else "upgrades_dropped")
+        self._end_upgrade(key, "done" if kept else "dropped")
+
+    def _upgrade_failed(self, key: str, spec: GrammarSpec, exc: BaseException) -> None:
+        log.info("%r keeps its grammar (no %s upgrade): %s", spec, UPGRADE_ENGINE, exc)
+        self.metrics.inc("upgrade_failures")
+        self._end_upgrade(key, "failed")
+
+    def _end_upgrade(self, key: str, state: str | None) -> None:
+        """Record how ``key``'s upgrade ended (None: forget it, so it is tried again)."""
+        with self._inflight_lock:
+            if key in self._upgrades:
+                if state is None:
+                    del self._upgrades[key]
+                else:
+                    self._upgrades[key] = state
 
     def _run(self, key: str, spec: GrammarSpec, fut: Future[CompiledGrammar],
              deadline: float | None = None) -> None:

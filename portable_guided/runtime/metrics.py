@@ -60,7 +60,7 @@ class Metrics:
         "workers_killed", "requests", "requests_failed", "tokens_accepted", "tokens_rejected",
         "rollbacks", "fill_steps", "fill_rows", "forced_stops", "races_won_here",
         "race_runaways", "race_lane_full", "cache_entries_rejected", "cache_problems",
-        "cache_hits_shared_failure",
+        "cache_hits_shared_failure", "upgrades", "upgrade_failures", "upgrades_dropped",
     )
     #: Timings every runtime reports, even before their first sample.
     TIMINGS = ("compile", "compile_wait", "fill")

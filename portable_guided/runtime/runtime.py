@@ -67,6 +67,10 @@ class GrammarRuntime:
     ``$PORTABLE_GUIDED_CACHE_SHARED``; docs/cache.md; a ``GrammarCache`` may be passed as
     ``disk_cache_dir``); failed compiles are remembered for ``failure_ttl_s`` (with a
     fleet cache, for the whole fleet);
+    ``engine_upgrade`` (default on; ``auto`` with a limit only): a JSON schema ``auto``
+    compiled with llguidance is compiled with xgrammar in the background when it is
+    requested again, and later requests get xgrammar's faster masks (``CompileService``,
+    docs/latency.md, "Engine upgrades");
     ``compile_race=True`` races each worker compile with the same compile in this process
     for about one compile's latency instead of the worker's round trip (it costs a second
     core per compile and can leave a never-ending compile running in this process: see
@@ -91,6 +95,7 @@ class GrammarRuntime:
         cache_url: str | None = None,
         cache_secret: str | bytes | None = None,
         cache_shared: bool | None = None,
+        engine_upgrade: bool = True,
     ) -> None:
         if isinstance(tokenizer_info, str):
             tokenizer_info = load_tokenizer_info(tokenizer_info)
@@ -115,7 +120,7 @@ class GrammarRuntime:
             workers=compile_workers, fill_threads=fill_threads, cache_bytes=cache_bytes,
             disk_cache_dir=disk_cache_dir, failure_ttl_s=failure_ttl_s,
             local_below_s=local_recompile_below_s, metrics=self.metrics_sink,
-            race=compile_race,
+            race=compile_race, upgrade=engine_upgrade,
         )
         self._executor = ThreadPoolExecutor(4, thread_name_prefix="pg-runtime")
         self._serials = iter(range(1 << 62))

@@ -212,7 +212,7 @@ def _serve_engines(conn: Any, engines: dict[str, Any], local_below_s: float) -> 
             ship = serialize == "always" or (serialize == "auto" and (
                 seconds >= local_below_s or seen in slow))
             text: Any = engine.serialize(compiled) if ship else None
-            if text is None and serialize == "auto" and keeping.prepared is not None:
+            if text is None and serialize in ("auto", "prepared") and keeping.prepared is not None:
                 # The parent recompiles exactly this, without the checks run here.
                 text = {"prepared": keeping.prepared}
             conn.send((job_id, ("ok", text, seconds)))
@@ -402,8 +402,8 @@ def _start_worker() -> _Worker:
 class _Job:
     """One compile handed to the pool: waiting for a worker, then running in one."""
 
-    __slots__ = ("attempt", "before_ready", "deadline", "done", "engine", "job_id", "payload",
-                 "queued_at", "started_at", "timeout_s")
+    __slots__ = ("attempt", "background", "before_ready", "deadline", "done", "engine",
+                 "job_id", "payload", "queued_at", "started_at", "timeout_s")
 
     def __init__(self, job_id: int, engine: str, payload: bytes, timeout_s: float,
                  done: Callable[[WorkerReply | BaseException], None], deadline: float) -> None:
@@ -419,6 +419,8 @@ class _Job:
         self.deadline = deadline
         #: Submitted before the pool's first worker was ready: that wait does not count.
         self.before_ready = False
+        #: Runs only while no other compile waits, at the long lane's priority.
+        self.background = False
 
 
 class WorkerPool:
@@ -630,7 +632,7 @@ class WorkerPool:
     # -- running ---------------------------------------------------------------------------
     def submit(self, engine: str, spec_dict: dict[str, Any], timeout_s: float,
                serialize: str, done: Callable[[WorkerReply | BaseException], None],
-               *, deadline: float | None = None) -> None:
+               *, deadline: float | None = None, background: bool = False) -> None:
         """Compile in a worker; ``done`` gets the reply, or the error: :class:`GrammarTimeout`
         (no reply by ``deadline``, a ``time.monotonic()`` instant, default ``timeout_s``
         from now: the time spent waiting for a worker counts; a job still waiting at its
@@ -646,13 +648,21 @@ class WorkerPool:
 
         ``serialize``: ``"auto"`` ships the grammar when its compile took at least
         ``local_below_s``, ``"always"`` ships it, ``"never"`` only reports that it compiled
-        (the parent compiled it too: ``CompileService(race=True)``)."""
-        if serialize not in ("auto", "always", "never"):
-            raise ValueError(f"serialize must be 'auto', 'always' or 'never', got {serialize!r}")
+        (the parent compiled it too: ``CompileService(race=True)``), ``"prepared"`` never
+        ships it but sends what the engine's ``prepare`` returned (the parent recompiles it
+        without the checks).
+
+        ``background``: the job starts only while no other compile waits, on a worker
+        whose priority is lowered at once (the long lane's: it holds no slot, and the
+        worker is retired after it); ``CompileService``'s engine upgrades."""
+        if serialize not in ("auto", "always", "never", "prepared"):
+            raise ValueError("serialize must be 'auto', 'always', 'never' or 'prepared', got "
+                             f"{serialize!r}")
         job_id = next(self._ids)
         payload = _dumps((job_id, engine, spec_dict, serialize))
         job = _Job(job_id, engine, payload, timeout_s, done,
                    time.monotonic() + timeout_s if deadline is None else deadline)
+        job.background = background
         with self._lock:
             if self._closed:
                 raise RuntimeClosed("the compile workers were stopped (runtime closed)")
@@ -668,7 +678,8 @@ class WorkerPool:
             self._wake()
 
     def run(self, engine: str, spec_dict: dict[str, Any], timeout_s: float,
-            serialize: str = "auto", *, deadline: float | None = None) -> WorkerReply:
+            serialize: str = "auto", *, deadline: float | None = None,
+            background: bool = False) -> WorkerReply:
         """:meth:`submit` and wait: the reply, or its error raised."""
         outcome: Future[WorkerReply] = Future()
 
@@ -678,7 +689,8 @@ class WorkerPool:
             else:
                 outcome.set_result(reply)
 
-        self.submit(engine, spec_dict, timeout_s, serialize, done, deadline=deadline)
+        self.submit(engine, spec_dict, timeout_s, serialize, done, deadline=deadline,
+                    background=background)
         return outcome.result()
 
     # -- the reader thread -----------------------------------------------------------------
@@ -692,14 +704,29 @@ class WorkerPool:
         pairs = []
         now = time.monotonic()
         young = sum(not w.niced for w in self._busy)
-        while self._idle and self._waiting and young < self.size:
-            job = min(self._waiting, key=lambda j: _rank(j, now))
+        lane = len(self._busy) - young
+        while self._idle and self._waiting:
+            foreground = [j for j in self._waiting if not j.background]
+            if foreground:
+                if young >= self.size:
+                    break  # (a background job waits while any other does)
+                job = min(foreground, key=lambda j: _rank(j, now))
+            elif lane < self.max_long:
+                job = self._waiting[0]  # background jobs in submission order
+            else:
+                break
             self._waiting.remove(job)
             worker = self._idle.pop()
             job.started_at = now
             self._busy[worker] = job
             pairs.append((worker, job))
-            young += 1
+            if job.background:
+                worker.niced = True
+                with contextlib.suppress(OSError):  # gone: the reader sees it next
+                    os.setpriority(os.PRIO_PROCESS, worker.proc.pid, _LONG_NICE)
+                lane += 1
+            else:
+                young += 1
         return pairs
 
     def _promote(self) -> list[tuple[_Worker, _Job]]:
@@ -796,6 +823,8 @@ class WorkerPool:
             self._idle.append(worker)
             assigned = self._assign()
         self._send_all(assigned)
+        if any(job.background for _, job in assigned):
+            self._top_up()  # its worker joined the long lane: a regular one is missing
 
     def _on_readable(self, worker: _Worker) -> None:
         try:

@@ -1,0 +1,116 @@
+"""Engine upgrades (``CompileService(upgrade=True)``, the runtime's default under ``auto``): a
+JSON schema llguidance compiled is compiled with xgrammar in the background when it is
+requested again; later requests get xgrammar's grammar, which decides texts as the first
+did; a schema xgrammar refuses keeps llguidance's; background jobs never hold a worker
+slot (they run at the long lane's priority)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from runtime_helpers import decide_text
+
+from portable_guided.runtime import GrammarRuntime, GrammarSpec
+from portable_guided.runtime.compile_service import UPGRADE_ENGINE
+
+# Compiled by llguidance first under auto; xgrammar compiles it too.
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3},
+                                           "s": {"type": "string", "maxLength": 4}},
+          "required": ["n"], "additionalProperties": False}
+TEXTS = {'{"n": 3}': True, '{"n": 7, "s": "abcd"}': True, '{"n": 2}': False,
+         '{"n": 3, "s": "abcde"}': False, '{"n": 3, "x": 1}': False, '{"s": "a"}': False}
+
+
+def _settled(rt: GrammarRuntime, spec: GrammarSpec, timeout_s: float = 60.0) -> str | None:
+    deadline = time.monotonic() + timeout_s
+    while rt._service.upgrade_state(spec) == "running" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return rt._service.upgrade_state(spec)
+
+
+@pytest.fixture(scope="module")
+def info():
+    from portable_guided.runtime import load_tokenizer_info
+
+    return load_tokenizer_info("smollm2")
+
+
+@pytest.fixture
+def rt(info):
+    with GrammarRuntime(info, "auto", compile_timeout_s=20) as made:
+        yield made
+
+
+def test_a_repeated_schema_moves_to_xgrammar_and_decides_alike(rt):
+    spec = GrammarSpec.json_schema(SCHEMA)
+    first = rt.compile(spec)
+    assert first.engine_name == "llguidance" and rt._service.upgrade_state(spec) is None
+    before = {text: decide_text(rt, SCHEMA, text) for text in TEXTS}  # (a hit: it starts)
+    running = rt.new_request(spec).wait(60)  # a request on llguidance's grammar
+    assert _settled(rt, spec) == "done"
+    upgraded = rt.compile(spec)
+    assert upgraded.engine_name == UPGRADE_ENGINE and upgraded.source == "upgrade"
+    after = {text: decide_text(rt, SCHEMA, text) for text in TEXTS}
+    assert before == after == TEXTS
+    # The request made before keeps its grammar and goes on.
+    ids = rt.info.encode('{"n": 5}')
+    assert running.accept_tokens(ids) == len(ids) and running.accept(rt.info.stop_token_ids[0])
+    assert rt.metrics()["upgrades"] == 1 and rt.metrics()["upgrade_failures"] == 0
+
+
+def test_a_schema_xgrammar_refuses_keeps_its_grammar_and_is_tried_once(rt):
+    # xgrammar drops length bounds beside a pattern: refused there, llguidance enforces it.
+    schema = {"type": "string", "pattern": "^a+$", "maxLength": 3}
+    spec = GrammarSpec.json_schema(schema)
+    rt.compile(spec)
+    rt.compile(spec)
+    assert _settled(rt, spec) == "failed"
+    for _ in range(3):
+        assert rt.compile(spec).engine_name == "llguidance"
+    assert rt.metrics()["upgrade_failures"] == 1 and rt.metrics()["upgrades"] == 0
+    assert decide_text(rt, schema, '"aaa"') is True
+    assert decide_text(rt, schema, '"aaaa"') is False
+
+
+def test_no_upgrade_when_off_or_not_auto(info):
+    spec = GrammarSpec.json_schema(SCHEMA)
+    with GrammarRuntime(info, "auto", compile_timeout_s=20, engine_upgrade=False) as off:
+        off.compile(spec)
+        off.compile(spec)
+        assert off._service.upgrade_state(spec) is None
+    with GrammarRuntime(info, "llguidance", compile_timeout_s=20) as fixed:
+        fixed.compile(spec)
+        fixed.compile(spec)
+        assert fixed._service.upgrade_state(spec) is None
+    with GrammarRuntime(info, "auto", compile_timeout_s=20) as rt:
+        other = GrammarSpec.regex("[a-z]+")  # JSON schemas only: one language on each engine
+        rt.compile(other)
+        rt.compile(other)
+        assert rt._service.upgrade_state(other) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="reads process priorities")
+def test_a_background_job_runs_at_low_priority_and_holds_no_slot(info):
+    from portable_guided.runtime.engines import engine_class
+    from portable_guided.runtime.worker import WorkerPool
+
+    pool = WorkerPool(lambda: {"xgrammar": engine_class("xgrammar").tokenizer_payload(info)},
+                      size=1, spares=1)
+    try:
+        pool.run("xgrammar", GrammarSpec.regex("a").to_dict(), 60)  # started and warm
+        finished: list[str] = []
+        slow = GrammarSpec.choice([f"s{i}" for i in range(100_000)]).to_dict()  # seconds
+        pool.submit("xgrammar", slow, 60, "never", lambda _: finished.append("background"),
+                    background=True)
+        deadline = time.monotonic() + 10
+        while not pool.busy_pids() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (busy,) = pool.busy_pids()
+        assert os.getpriority(os.PRIO_PROCESS, busy) >= 10
+        # A foreground compile does not wait for it: the normal slot is free.
+        assert pool.run("xgrammar", GrammarSpec.regex("b+").to_dict(), 60)[0] == "ok"
+        assert finished == [], "the foreground compile waited for the background one"
+    finally:
+        pool.close()
