@@ -35,6 +35,7 @@ from .values import has_type
 from .walk import _walk, iter_schemas, node_patterns
 from .xgrammar_patterns import (
     LARGEST_JSON_REPEAT,
+    interior_anchor,
     largest_repeat,
     names_control_character,
     needs_escaped_character,
@@ -299,6 +300,9 @@ def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterat
         if names_control_character(p):
             yield (f"pattern {p[:40]!r} names a control character, which xgrammar writes "
                    "raw inside a string (not JSON)")
+        if interior_anchor(p):
+            yield (f"pattern {p[:40]!r} has an anchor inside it, which xgrammar ignores (the "
+                   "pattern would match more)")
         if not (p.startswith("^") and p.endswith("$") and not p.endswith("\\$")):
             yield (f"pattern {p[:40]!r} is not anchored (^...$): JSON Schema searches, "
                    "xgrammar matches the whole string")

@@ -139,6 +139,41 @@ def names_control_character(pattern: str) -> bool:
     return False
 
 
+def interior_anchor(pattern: str) -> bool:
+    """Whether ``pattern`` has a ``^`` or ``$`` anchor other than at its two ends or beside a
+    top-level ``|`` (``^$|^a+$``). xgrammar 0.2.8 ignores such an anchor ("Anchor '$' in
+    the middle of regex is ignored"), which can widen the language: ``a$b`` matches nothing,
+    read without the anchor it matches ``ab``. Unreadable patterns (an unclosed class) are
+    reported too."""
+    anchors: list[int] = []
+    splits: list[int] = []
+    depth = 0
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            end = _class_end(pattern, i)
+            if end is None:
+                return True
+            i = end
+            continue
+        if c in "^$":
+            anchors.append(i)
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            splits.append(i)
+        i += 1
+    allowed = {0, len(pattern) - 1, *(j + 1 for j in splits), *(j - 1 for j in splits)}
+    return any(a not in allowed or (pattern[a] == "^") != (a == 0 or a - 1 in splits)
+               for a in anchors)
+
+
 def _class_end(pattern: str, start: int) -> int | None:
     """Index just past the character class opening at ``start``."""
     i = start + 1

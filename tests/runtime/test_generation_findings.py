@@ -22,6 +22,9 @@ CASES = {
     # Both engines count pairs: a repeated name met minProperties (MaskBench o48619, a
     # llguidance walk); a parser keeps one name, so the object has one property.
     "repeated name": ({"type": "object", "minProperties": 2}, '{"a": 1, "a": 2}'),
+    # xgrammar 0.2.8 ignores an anchor inside a pattern ("Anchor '$' in the middle of regex
+    # is ignored"): `a$b` matches no string, read without the anchor it matches "ab".
+    "interior anchor": ({"type": "string", "pattern": "^a$b$"}, '"ab"'),
 }
 
 
@@ -67,3 +70,14 @@ def test_min_properties_a_repeated_name_could_meet_is_refused(schema, refused):
     reasons = unsound(schema)
     assert bool(reasons) is refused, reasons
     assert not refused or "minProperties" in reasons[0]
+
+
+@pytest.mark.parametrize(("pattern", "interior"), [
+    ("^a+$", False), ("^$|^(a)$", False), ("^a|b$", False), ("^[$^]+$", False),
+    ("^a\\$b$", False), ("^a$|^b$|^$", False),
+    ("a$b", True), ("^a(^b)$", True), ("^(a|b$)$", True), ("$a", True), ("a^", True),
+])
+def test_interior_anchors_are_found(pattern, interior):
+    from portable_guided.json_schema.xgrammar_patterns import interior_anchor
+
+    assert interior_anchor(pattern) is interior
