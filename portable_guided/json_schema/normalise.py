@@ -85,15 +85,64 @@ def check_nested_dialects(schema: Any, dialect: Dialect) -> None:
         if not is_schema:  # a map of names to subschemas
             stack.extend((v, path + (str(k),), True) for k, v in node.items())
             continue
-        if path and "$schema" in node and dialect_named(node["$schema"]) is not dialect:
-            raise _error(f"$schema {node['$schema']!r:.100} inside a {dialect.name} schema is "
-                         "not supported", _pointer(path + ("$schema",)))
+        if path and "$schema" in node:
+            inner = dialect_named(node["$schema"])
+            if inner is not dialect and not reads_alike(node, inner, dialect):
+                raise _error(f"$schema {node['$schema']!r:.100} inside a {dialect.name} "
+                             f"schema is not supported (its subschema uses keywords "
+                             f"{inner.name} reads otherwise)", _pointer(path + ("$schema",)))
         for key, value in node.items():
             kind = form(key, LATEST) or form(key, dialect)
             if kind in ("schema", "schemas", "schema_or_list"):
                 stack.append((value, path + (key,), True))
             elif kind in ("schema_map", "container", "schema_or_names"):
                 stack.append((value, path + (key,), False))
+
+
+#: Forms that assert nothing: a keyword in one of them, or unknown, reads alike.
+_SILENT = (None, "annotation")
+
+
+def reads_alike(schema: Any, declared: Dialect, outer: Dialect) -> bool:
+    """Whether ``schema`` (a subschema whose ``$schema`` names ``declared``, inside a
+    schema of dialect ``outer``) means the same read under either: every keyword in it and
+    below has the same form in both drafts (or asserts nothing in both), no positional
+    ``items`` list, no ``$id``/``id`` and no ``$ref`` beside other keywords where one
+    draft ignores its siblings. Then the nested ``$schema`` needs no rewrite (GitHub
+    schemas often embed definitions copied from a draft-4 file); otherwise it is refused."""
+    siblings_ignored = (declared.rank < 3) != (outer.rank < 3)
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, bool):
+            continue
+        if not isinstance(node, Mapping):
+            return False
+        if "$ref" in node and siblings_ignored and len(node) > 1 + ("$schema" in node):
+            return False
+        for key, value in node.items():
+            if key in ("$schema", "$comment"):
+                if key == "$schema" and dialect_named(value) is not declared:
+                    return False
+                continue
+            if key in ("$id", "id", "items") and not (key == "items"
+                                                      and isinstance(value, (Mapping, bool))):
+                return False
+            inner, there = form(key, declared), form(key, outer)
+            # (`items` as one subschema means the same in every draft: checked above)
+            if inner != there and key != "items" and not (inner in _SILENT
+                                                          and there in _SILENT):
+                return False
+            kind = inner or there
+            if kind in ("schema", "schema_or_list"):
+                stack.append(value)
+            elif kind == "schemas" and isinstance(value, list):
+                stack.extend(value)
+            elif kind in ("schema_map", "container") and isinstance(value, Mapping):
+                stack.extend(value.values())
+            elif kind == "schema_or_names" and isinstance(value, Mapping):
+                stack.extend(v for v in value.values() if not isinstance(v, list))
+    return True
 
 
 def _error(message: str, pointer: str) -> Exception:
@@ -196,9 +245,11 @@ class _Walk:
             out[key] = self._map(value, here, new + (key,), base)
         elif key == "$schema":
             # Only the root's is read; one inside naming another draft is not supported.
-            if old and dialect_named(value) is not self.d:
+            inner = dialect_named(value)
+            if old and inner is not self.d and not reads_alike(schema, inner, self.d):
                 raise self.fail(here, f"$schema {value!r:.100} inside a {self.d.name} schema "
-                                      "is not supported")
+                                      f"is not supported (its subschema uses keywords "
+                                      f"{inner.name} reads otherwise)")
         elif kind is None:
             if key in _KNOWN_SOMEWHERE:
                 self.moved[here] = None  # unknown to this draft: asserts nothing, dropped

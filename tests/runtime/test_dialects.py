@@ -220,7 +220,8 @@ def test_unsupported_2019_constructs_refused():
     with pytest.raises(GrammarSpecError, match="recursiveRef"):
         norm({"$schema": D19, "$recursiveRef": "#/x"})
     with pytest.raises(GrammarSpecError, match="inside"):
-        norm({"$schema": D7, "items": {"$schema": D4}})
+        norm({"$schema": D7, "items": {"$schema": D4, "maximum": 1, "exclusiveMaximum": True}})
+    assert norm({"$schema": D7, "items": {"$schema": D4}}) == {"items": {}}  # reads alike
     with pytest.raises(GrammarSpecError, match="contentMediaType"):
         norm({"$schema": D7, "contentMediaType": "application/json"})
 
@@ -421,6 +422,37 @@ def test_nested_dialect_refused_in_2020_12():
     GrammarSpec.json_schema({"properties": {"$schema": {"const": {"$schema": D4}}}})
     GrammarSpec.json_schema({"items": {"$schema": LATEST.uri}})
     assert GrammarSpec.json_schema(True).payload is True
+
+
+PLAIN = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3},
+                                          "s": {"enum": ["a", "b"]}},
+         "required": ["n"], "additionalProperties": False, "description": "copied"}
+
+
+@pytest.mark.parametrize("outer", [None, D7])
+def test_nested_dialect_that_reads_alike_is_accepted(outer):
+    # GitHub schemas embed definitions copied from draft-4 files: where every keyword means
+    # the same in both drafts, the nested $schema changes nothing and the schema compiles.
+    root = {"$ref": "#/definitions/a", "definitions": {"a": {"$schema": D4, **PLAIN}}}
+    if outer:
+        root = {"$schema": outer, **root}
+    spec = GrammarSpec.json_schema(root)
+    engine_form = json.loads(spec.engine_schema_text())
+    assert "definitions" in engine_form or "$defs" in engine_form
+
+
+@pytest.mark.parametrize("inner", [
+    {"maximum": 3, "exclusiveMaximum": True},  # a boolean bound in draft 4
+    {"items": [{"type": "string"}]},  # positional in draft 4
+    {"id": "http://x/a", "type": "string"},  # a base URI
+    {"$ref": "#/definitions/b", "type": "string"},  # siblings ignored in draft 4
+    {"properties": {"x": {"dependencies": {"a": ["b"]}}}},  # deeper: 2020-12 drops it
+])
+def test_nested_dialect_that_reads_otherwise_is_refused(inner):
+    root = {"$ref": "#/definitions/a",
+            "definitions": {"a": {"$schema": D4, **inner}, "b": {"type": "string"}}}
+    with pytest.raises(GrammarSpecError, match="inside"):
+        GrammarSpec.json_schema(root)
 
 
 def test_checked_under_the_declared_draft():
