@@ -24,6 +24,7 @@ more than the declared draft does.
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -107,10 +108,13 @@ def reads_alike(schema: Any, declared: Dialect, outer: Dialect) -> bool:
     """Whether ``schema`` (a subschema whose ``$schema`` names ``declared``, inside a
     schema of dialect ``outer``) means the same read under either: every keyword in it and
     below has the same form in both drafts (or asserts nothing in both), no positional
-    ``items`` list, no ``$id``/``id`` and no ``$ref`` beside other keywords where one
-    draft ignores its siblings. Then the nested ``$schema`` needs no rewrite (GitHub
+    ``items`` list, no ``$id``/``id`` with a ``$ref`` below it, and no ``$ref`` beside
+    other keywords where one draft ignores its siblings. Then the nested ``$schema`` needs no rewrite (GitHub
     schemas often embed definitions copied from a draft-4 file); otherwise it is refused."""
     siblings_ignored = (declared.rank < 3) != (outer.rank < 3)
+    # A base URI (`id`, `$id`) changes nothing where no reference below resolves against
+    # it (one from outside that names it is refused as unresolved when read otherwise).
+    refs = '"$ref"' in json.dumps(schema)
     stack = [schema]
     while stack:
         node = stack.pop()
@@ -125,8 +129,11 @@ def reads_alike(schema: Any, declared: Dialect, outer: Dialect) -> bool:
                 if key == "$schema" and dialect_named(value) is not declared:
                     return False
                 continue
-            if key in ("$id", "id", "items") and not (key == "items"
-                                                      and isinstance(value, (Mapping, bool))):
+            if key in ("$id", "id"):
+                if refs:
+                    return False
+                continue
+            if key == "items" and not isinstance(value, (Mapping, bool)):
                 return False
             inner, there = form(key, declared), form(key, outer)
             # (`items` as one subschema means the same in every draft: checked above)

@@ -433,7 +433,8 @@ PLAIN = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}
 def test_nested_dialect_that_reads_alike_is_accepted(outer):
     # GitHub schemas embed definitions copied from draft-4 files: where every keyword means
     # the same in both drafts, the nested $schema changes nothing and the schema compiles.
-    root = {"$ref": "#/definitions/a", "definitions": {"a": {"$schema": D4, **PLAIN}}}
+    root = {"$ref": "#/definitions/a",
+            "definitions": {"a": {"$schema": D4, "id": "http://x/a.json", **PLAIN}}}
     if outer:
         root = {"$schema": outer, **root}
     spec = GrammarSpec.json_schema(root)
@@ -444,7 +445,7 @@ def test_nested_dialect_that_reads_alike_is_accepted(outer):
 @pytest.mark.parametrize("inner", [
     {"maximum": 3, "exclusiveMaximum": True},  # a boolean bound in draft 4
     {"items": [{"type": "string"}]},  # positional in draft 4
-    {"id": "http://x/a", "type": "string"},  # a base URI
+    {"id": "http://x/a", "properties": {"p": {"$ref": "#/definitions/b"}}},  # a base URI
     {"$ref": "#/definitions/b", "type": "string"},  # siblings ignored in draft 4
     {"properties": {"x": {"dependencies": {"a": ["b"]}}}},  # deeper: 2020-12 drops it
 ])
