@@ -415,7 +415,9 @@ def test_2020_12_schema_not_walked(monkeypatch):
 
 def test_nested_dialect_refused_in_2020_12():
     with pytest.raises(GrammarSpecError, match="inside"):
-        GrammarSpec.json_schema({"$defs": {"a": {"$id": "http://x/a", "$schema": D7}}})
+        GrammarSpec.json_schema({"$defs": {"a": {"$id": "http://x/a", "$schema": D7,
+                                                 "items": {"$ref": "#/$defs/b"}},
+                                           "b": {}}})
     with pytest.raises(GrammarSpecError, match="no supported"):
         GrammarSpec.json_schema({"items": {"$schema": "http://json-schema.org/draft-03/schema#"}})
     # Names and data are not schemas: a property called $schema is fine.
