@@ -364,16 +364,16 @@ def validator_for(schema: Any) -> Any:
         warnings.simplefilter("ignore", DeprecationWarning)
         cls = jsonschema.validators.validator_for(schema,
                                                   default=jsonschema.Draft202012Validator)
-    checking = _ECMA_CLASSES.get(cls)
+    checking = _PATTERN_CLASSES.get(cls)
     if checking is None:
-        checking = _ECMA_CLASSES[cls] = jsonschema.validators.extend(
+        checking = _PATTERN_CLASSES[cls] = jsonschema.validators.extend(
             cls, {"pattern": _pattern, "patternProperties": _pattern_properties,
                   "additionalProperties": _additional_properties})
     return checking(schema, format_checker=cls.FORMAT_CHECKER)
 
 
-# Each draft's validator class with the pattern keywords below.
-_ECMA_CLASSES: dict[Any, Any] = {}
+# Each draft's validator class with the pattern keywords below (\p{...} read by `regex`).
+_PATTERN_CLASSES: dict[Any, Any] = {}
 
 
 def _search(pattern: str, text: str) -> bool:

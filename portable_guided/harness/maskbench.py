@@ -127,9 +127,8 @@ class _Walker:
         the engine later requests of ``spec`` get."""
         if self.rt is None:
             return f"raw:{self.engine}"
-        service = self.rt._service
         deadline = time.monotonic() + wait_s
-        while service.upgrade_state(spec) == "running" and time.monotonic() < deadline:
+        while self.rt.upgrade_state(spec) == "running" and time.monotonic() < deadline:
             time.sleep(0.005)
         return str(self.rt.compile(spec).engine_name)
 

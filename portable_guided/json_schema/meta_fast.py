@@ -23,61 +23,57 @@ _TYPES = frozenset(("array", "boolean", "integer", "null", "number", "object", "
 _MAX_DEPTH = 48
 
 
-def _table(**forms: str) -> dict[str, str]:
-    """Keyword -> the form of its value (the names :func:`_valid` checks)."""
-    return dict(forms)
-
-
 # Keywords by the form of their value in each draft's meta-schema. A keyword a draft's
 # table leaves out is an annotation there (the meta-schema ignores it); one mapped to
 # "unproven" sends the schema to the full check.
-_COMMON = _table(
-    title="string", description="string", default="any", maximum="number", minimum="number",
-    multipleOf="positive", maxLength="count", minLength="count", maxItems="count",
-    minItems="count", maxProperties="count", minProperties="count", pattern="string",
-    uniqueItems="boolean", required="names", definitions="schema_map",
-    properties="schema_map", type="type", format="string", allOf="schema_list",
-    anyOf="schema_list", oneOf="schema_list", not_="schema",
-)
-_DRAFT6 = {**_COMMON, **_table(
-    **{"$id": "string", "$ref": "string", "$schema": "dialect"}, examples="array",
-    exclusiveMaximum="number", exclusiveMinimum="number", additionalItems="schema",
-    items="schema_or_list", contains="schema", additionalProperties="schema",
-    patternProperties="schema_map", dependencies="dependencies", propertyNames="schema",
-    const="any", enum="array",
-)}
+_COMMON = {
+    "title": "string", "description": "string", "default": "any", "maximum": "number",
+    "minimum": "number", "multipleOf": "positive", "maxLength": "count", "minLength": "count",
+    "maxItems": "count", "minItems": "count", "maxProperties": "count",
+    "minProperties": "count", "pattern": "string", "uniqueItems": "boolean",
+    "required": "names", "definitions": "schema_map", "properties": "schema_map",
+    "type": "type", "format": "string", "allOf": "schema_list", "anyOf": "schema_list",
+    "oneOf": "schema_list", "not": "schema",
+}
+_DRAFT6 = {
+    **_COMMON, "$id": "string", "$ref": "string", "$schema": "dialect", "examples": "array",
+    "exclusiveMaximum": "number", "exclusiveMinimum": "number", "additionalItems": "schema",
+    "items": "schema_or_list", "contains": "schema", "additionalProperties": "schema",
+    "patternProperties": "schema_map", "dependencies": "dependencies",
+    "propertyNames": "schema", "const": "any", "enum": "array",
+}
 _TABLES = {
     # Draft 4: schemas are objects (a boolean only where the meta-schema says so), integers
     # are not floats, and `required`, `enum` and a dependency's names may not be empty.
-    "draft4": {**_COMMON, **_table(
-        id="string", **{"$schema": "dialect"}, exclusiveMaximum="beside_maximum",
-        exclusiveMinimum="beside_minimum", additionalItems="boolean_or_schema",
-        items="schema_or_list", additionalProperties="boolean_or_schema",
-        patternProperties="schema_map", dependencies="dependencies", enum="enum4",
-    )},
+    "draft4": {
+        **_COMMON, "id": "string", "$schema": "dialect",
+        "exclusiveMaximum": "beside_maximum", "exclusiveMinimum": "beside_minimum",
+        "additionalItems": "boolean_or_schema", "items": "schema_or_list",
+        "additionalProperties": "boolean_or_schema", "patternProperties": "schema_map",
+        "dependencies": "dependencies", "enum": "enum4",
+    },
     "draft6": _DRAFT6,
-    "draft7": {**_DRAFT6, **_table(
-        **{"$comment": "string"}, readOnly="boolean", contentMediaType="string",
-        contentEncoding="string", if_="schema", then="schema", else_="schema",
-    )},
-    "draft2020-12": {**_COMMON, **_table(
-        **{"$comment": "string", "$ref": "string", "$schema": "dialect", "$defs": "schema_map"},
-        contentMediaType="string", contentEncoding="string", exclusiveMaximum="number",
-        exclusiveMinimum="number", items="schema", additionalProperties="schema",
-        contains="schema", propertyNames="schema", if_="schema", then="schema",
-        else_="schema", unevaluatedItems="schema", unevaluatedProperties="schema",
-        contentSchema="schema", dependentSchemas="schema_map", prefixItems="schema_list",
-        minContains="count", maxContains="count", deprecated="boolean", readOnly="boolean",
-        writeOnly="boolean", const="any", examples="array", enum="array",
-        dependentRequired="dependent_required",
+    "draft7": {
+        **_DRAFT6, "$comment": "string", "readOnly": "boolean", "contentMediaType": "string",
+        "contentEncoding": "string", "if": "schema", "then": "schema", "else": "schema",
+    },
+    "draft2020-12": {
+        **_COMMON, "$comment": "string", "$ref": "string", "$schema": "dialect",
+        "$defs": "schema_map", "contentMediaType": "string", "contentEncoding": "string",
+        "exclusiveMaximum": "number", "exclusiveMinimum": "number", "items": "schema",
+        "additionalProperties": "schema", "contains": "schema", "propertyNames": "schema",
+        "if": "schema", "then": "schema", "else": "schema", "unevaluatedItems": "schema",
+        "unevaluatedProperties": "schema", "contentSchema": "schema",
+        "dependentSchemas": "schema_map", "prefixItems": "schema_list", "minContains": "count",
+        "maxContains": "count", "deprecated": "boolean", "readOnly": "boolean",
+        "writeOnly": "boolean", "const": "any", "examples": "array", "enum": "array",
+        "dependentRequired": "dependent_required",
         # In the meta-schema with a pattern or a format these checks do not read.
-        **{k: "unproven" for k in ("$id", "$anchor", "$dynamicRef", "$dynamicAnchor",
-                                   "$vocabulary", "$recursiveRef", "$recursiveAnchor",
-                                   "dependencies", "patternProperties")},
-    )},
+        **dict.fromkeys(("$id", "$anchor", "$dynamicRef", "$dynamicAnchor", "$vocabulary",
+                         "$recursiveRef", "$recursiveAnchor", "dependencies",
+                         "patternProperties"), "unproven"),
+    },
 }
-# (`not`, `if` and `else` are Python keywords: spelled with a trailing underscore above.)
-_TABLES = {name: {k.rstrip("_"): v for k, v in table.items()} for name, table in _TABLES.items()}
 
 
 def proves_valid(schema: Any) -> bool:

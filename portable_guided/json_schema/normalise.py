@@ -89,9 +89,8 @@ def check_nested_dialects(schema: Any, dialect: Dialect) -> None:
         if path and "$schema" in node:
             inner = dialect_named(node["$schema"])
             if inner is not dialect and not reads_alike(node, inner, dialect):
-                raise _error(f"$schema {node['$schema']!r:.100} inside a {dialect.name} "
-                             f"schema is not supported (its subschema uses keywords "
-                             f"{inner.name} reads otherwise)", _pointer(path + ("$schema",)))
+                raise _error(_nested_dialect(node["$schema"], inner, dialect),
+                             _pointer(path + ("$schema",)))
         for key, value in node.items():
             kind = form(key, LATEST) or form(key, dialect)
             if kind in ("schema", "schemas", "schema_or_list"):
@@ -109,8 +108,9 @@ def reads_alike(schema: Any, declared: Dialect, outer: Dialect) -> bool:
     schema of dialect ``outer``) means the same read under either: every keyword in it and
     below has the same form in both drafts (or asserts nothing in both), no positional
     ``items`` list, no ``$id``/``id`` with a ``$ref`` below it, and no ``$ref`` beside
-    other keywords where one draft ignores its siblings. Then the nested ``$schema`` needs no rewrite (GitHub
-    schemas often embed definitions copied from a draft-4 file); otherwise it is refused."""
+    other keywords where one draft ignores its siblings. Then the nested ``$schema`` needs
+    no rewrite (GitHub schemas often embed definitions copied from a draft-4 file);
+    otherwise it is refused."""
     siblings_ignored = (declared.rank < 3) != (outer.rank < 3)
     # A base URI (`id`, `$id`) changes nothing where no reference below resolves against
     # it (one from outside that names it is refused as unresolved when read otherwise).
@@ -133,12 +133,13 @@ def reads_alike(schema: Any, declared: Dialect, outer: Dialect) -> bool:
                 if refs:
                     return False
                 continue
-            if key == "items" and not isinstance(value, (Mapping, bool)):
-                return False
+            if key == "items":  # one subschema means the same in every draft, a list not
+                if not isinstance(value, (Mapping, bool)):
+                    return False
+                stack.append(value)
+                continue
             inner, there = form(key, declared), form(key, outer)
-            # (`items` as one subschema means the same in every draft: checked above)
-            if inner != there and key != "items" and not (inner in _SILENT
-                                                          and there in _SILENT):
+            if inner != there and not (inner in _SILENT and there in _SILENT):
                 return False
             kind = inner or there
             if kind in ("schema", "schema_or_list"):
@@ -150,6 +151,11 @@ def reads_alike(schema: Any, declared: Dialect, outer: Dialect) -> bool:
             elif kind == "schema_or_names" and isinstance(value, Mapping):
                 stack.extend(v for v in value.values() if not isinstance(v, list))
     return True
+
+
+def _nested_dialect(uri: Any, inner: Dialect, outer: Dialect) -> str:
+    return (f"$schema {uri!r:.100} inside a {outer.name} schema is not supported (its "
+            f"subschema uses keywords {inner.name} reads otherwise)")
 
 
 def _error(message: str, pointer: str) -> Exception:
@@ -254,9 +260,7 @@ class _Walk:
             # Only the root's is read; one inside naming another draft is not supported.
             inner = dialect_named(value)
             if old and inner is not self.d and not reads_alike(schema, inner, self.d):
-                raise self.fail(here, f"$schema {value!r:.100} inside a {self.d.name} schema "
-                                      f"is not supported (its subschema uses keywords "
-                                      f"{inner.name} reads otherwise)")
+                raise self.fail(here, _nested_dialect(value, inner, self.d))
         elif kind is None:
             if key in _KNOWN_SOMEWHERE:
                 self.moved[here] = None  # unknown to this draft: asserts nothing, dropped

@@ -32,23 +32,24 @@ _CHILD_RANK = {k: i for i, k in enumerate((*_SUB, *_MAPS, *_LISTS))}
 _CHILD_KEYS = frozenset((*_SUB, *_MAPS, *_LISTS))
 
 
-def _children(node: Mapping[str, Any], pointer: str) -> Iterator[tuple[str, Any]]:
-    if not node.keys() & _CHILD_KEYS:
-        return  # (most nodes: a leaf)
-    for key in _SUB:
-        if key in node and isinstance(node[key], (Mapping, bool)):
-            yield f"{pointer}/{key}", node[key]
-    for key in _MAPS:
-        if isinstance(node.get(key), Mapping):
-            for name, sub in node[key].items():
-                yield f"{pointer}/{key}/{_esc(name)}", sub
-    for key in (*_LISTS, "items"):
-        if isinstance(node.get(key), list):
-            for i, sub in enumerate(node[key]):
-                yield f"{pointer}/{key}/{i}", sub
+def _children(node: Mapping[str, Any], pointer: str) -> list[tuple[str, Any]]:
+    """The values below ``node`` that hold subschemas, with their JSON pointers: each
+    subschema keyword's value, each entry of a map of them, each item of a list of them, in
+    keyword order (:func:`_child_keywords`); only the keys ``node`` holds are read."""
+    out: list[tuple[str, Any]] = []
+    for key, value in _child_keywords(node):
+        if isinstance(value, list):
+            if key in _LIST_KEYS:
+                out.extend((f"{pointer}/{key}/{i}", sub) for i, sub in enumerate(value))
+        elif key in _SUB_KEYS:
+            if isinstance(value, (Mapping, bool)):
+                out.append((f"{pointer}/{key}", value))
+        elif key in _MAP_KEY_SET and isinstance(value, Mapping):
+            out.extend((f"{pointer}/{key}/{_esc(name)}", sub) for name, sub in value.items())
+    return out
 
 
-def _child_keywords(node: dict[str, Any]) -> list[tuple[str, Any]]:
+def _child_keywords(node: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """The keywords of ``node`` that hold subschemas, with their values, in the order of
     :func:`_children` (a subschema, a map, then a list of them; a draft-4 ``items`` list
     last): only the keys present are looked at."""
@@ -100,23 +101,7 @@ def _walk(node: Any, pointer: str = "") -> Iterator[tuple[str, Any]]:
         yield pointer, node
         if (type(node) is dict or isinstance(node, Mapping)) and not _CHILD_KEYS.isdisjoint(
                 node.keys()):
-            stack.extend(reversed(_child_pointers(node, pointer)))
-
-
-def _child_pointers(node: Mapping[str, Any], pointer: str) -> list[tuple[str, Any]]:
-    """What :func:`_children` yields, as a list, reading only the keys ``node`` holds."""
-    out: list[tuple[str, Any]] = []
-    for key, value in sorted(((k, v) for k, v in node.items() if k in _CHILD_KEYS),
-                             key=_child_rank):
-        if type(value) is list:
-            if key in _LIST_KEYS:
-                out.extend((f"{pointer}/{key}/{i}", sub) for i, sub in enumerate(value))
-        elif key in _SUB_KEYS:
-            if isinstance(value, (Mapping, bool)):
-                out.append((f"{pointer}/{key}", value))
-        elif key in _MAP_KEY_SET and isinstance(value, Mapping):
-            out.extend((f"{pointer}/{key}/{_esc(name)}", sub) for name, sub in value.items())
-    return out
+            stack.extend(reversed(_children(node, pointer)))
 
 
 _esc = escape_pointer

@@ -348,9 +348,7 @@ class CompileService:
                                              serialize="prepared", background=True)
             _raise_for_status(status, text, UPGRADE_ENGINE)
             t0 = time.perf_counter()
-            grammar = (engine.compile_prepared(tuple(text["prepared"]))
-                       if isinstance(text, dict) and hasattr(engine, "compile_prepared")
-                       else engine.compile(spec))
+            grammar = _recompile(engine, spec, text)
             compiled = CompiledGrammar(engine, grammar, engine.nbytes(grammar), "upgrade",
                                        time.perf_counter() - t0)
         except GrammarTimeout as exc:
@@ -532,12 +530,8 @@ class CompileService:
         """This process's grammar for a compile a worker finished: recompiled (``text`` is
         None or what the engine's ``prepare`` returned: it compiled, and was checked, fast)
         or deserialized."""
-        if isinstance(text, dict) and hasattr(engine, "compile_prepared"):
-            # The worker ran the lowering and the checks: only the engine's compile is left.
-            grammar, source = engine.compile_prepared(tuple(text["prepared"])), "local"
-            text = None
-        elif text is None or isinstance(text, dict):
-            grammar, source = engine.compile(spec), "local"
+        if text is None or isinstance(text, dict):
+            grammar, source = _recompile(engine, spec, text), "local"
             text = None
         else:
             grammar, source = engine.deserialize(text), "compile"
@@ -696,6 +690,15 @@ class _Attempt:
             except RuntimeClosed:
                 return
         service._settle(self.key, self.fut, None, self.errors)
+
+
+def _recompile(engine: Engine, spec: GrammarSpec, text: Any) -> Any:
+    """This process's grammar for a spec a worker compiled and did not ship (``text`` is
+    None, or what the engine's ``prepare`` returned: the worker ran the lowering and the
+    checks, only the engine's compile is left)."""
+    if isinstance(text, dict) and hasattr(engine, "compile_prepared"):
+        return engine.compile_prepared(tuple(text["prepared"]))
+    return engine.compile(spec)
 
 
 def _compile_here(engine: Engine, name: str, spec: GrammarSpec) -> Any:

@@ -163,6 +163,11 @@ class GrammarRuntime:
         """Start compiling ``spec`` (or find it cached); never blocks."""
         return self._service.submit(spec)
 
+    def upgrade_state(self, spec: GrammarSpec) -> str | None:
+        """How ``spec``'s engine upgrade went (``engine_upgrade``): ``"running"``,
+        ``"done"``, ``"failed"``, ``"dropped"`` or None (``CompileService.upgrade_state``)."""
+        return self._service.upgrade_state(spec)
+
     def compile(self, spec: GrammarSpec, timeout: float | None = None) -> CompiledGrammar:
         """Compile ``spec`` and wait for it; raises the compile error."""
         return self._service.submit(spec).result(timeout)

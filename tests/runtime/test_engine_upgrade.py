@@ -25,9 +25,9 @@ TEXTS = {'{"n": 3}': True, '{"n": 7, "s": "abcd"}': True, '{"n": 2}': False,
 
 def _settled(rt: GrammarRuntime, spec: GrammarSpec, timeout_s: float = 60.0) -> str | None:
     deadline = time.monotonic() + timeout_s
-    while rt._service.upgrade_state(spec) == "running" and time.monotonic() < deadline:
+    while rt.upgrade_state(spec) == "running" and time.monotonic() < deadline:
         time.sleep(0.02)
-    return rt._service.upgrade_state(spec)
+    return rt.upgrade_state(spec)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def rt(info):
 def test_a_repeated_schema_moves_to_xgrammar_and_decides_alike(rt):
     spec = GrammarSpec.json_schema(SCHEMA)
     first = rt.compile(spec)
-    assert first.engine_name == "llguidance" and rt._service.upgrade_state(spec) is None
+    assert first.engine_name == "llguidance" and rt.upgrade_state(spec) is None
     before = {text: decide_text(rt, SCHEMA, text) for text in TEXTS}  # (a hit: it starts)
     running = rt.new_request(spec).wait(60)  # a request on llguidance's grammar
     assert _settled(rt, spec) == "done"
@@ -79,16 +79,16 @@ def test_no_upgrade_when_off_or_not_auto(info):
     with GrammarRuntime(info, "auto", compile_timeout_s=20, engine_upgrade=False) as off:
         off.compile(spec)
         off.compile(spec)
-        assert off._service.upgrade_state(spec) is None
+        assert off.upgrade_state(spec) is None
     with GrammarRuntime(info, "llguidance", compile_timeout_s=20) as fixed:
         fixed.compile(spec)
         fixed.compile(spec)
-        assert fixed._service.upgrade_state(spec) is None
+        assert fixed.upgrade_state(spec) is None
     with GrammarRuntime(info, "auto", compile_timeout_s=20) as rt:
         other = GrammarSpec.regex("[a-z]+")  # JSON schemas only: one language on each engine
         rt.compile(other)
         rt.compile(other)
-        assert rt._service.upgrade_state(other) is None
+        assert rt.upgrade_state(other) is None
 
 
 @pytest.mark.skipif(not hasattr(os, "getpriority"), reason="reads process priorities")
