@@ -273,7 +273,12 @@ class _Forked:
             except OSError:
                 self.returncode = -signal.SIGKILL
                 return self.returncode
-        if _readable(self._pidfd, 0):
+        pidfd = self._pidfd
+        try:
+            gone = _readable(pidfd, 0)
+        except OSError:  # closed meanwhile by wait() (the reaper), which returns once it exited
+            gone = True
+        if gone:
             self.returncode = -signal.SIGKILL
         return self.returncode
 

@@ -557,3 +557,24 @@ def test_combined_errors_keep_a_kind_only_when_every_engine_reports_it():
     assert str(empty[0]) in str(combined) and "unsupported spec: not" in str(combined)
     timeouts = [GrammarTimeout("slow", engine=e) for e in ENGINES]
     assert type(_combine(timeouts)) is GrammarTimeout
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfd_open (Linux 5.3)")
+def test_a_forked_workers_poll_survives_its_pidfd_closed_by_the_reaper():
+    """The pool's reader asked a dead worker for its exit code (``poll``) while the reaper's
+    ``wait`` closed its pid file descriptor: the reader died on EBADF and the retried
+    compile's request waited its full 60 s (seen once in a full run)."""
+    import subprocess
+
+    from portable_guided.runtime.worker import _Forked
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        forked = _Forked(child.pid)
+        forked.kill()
+        child.wait(10)
+        assert forked._pidfd is not None
+        os.close(forked._pidfd)  # what wait() does in the reaper, between the reader's steps
+        assert forked.poll() == -signal.SIGKILL
+    finally:
+        child.kill()
