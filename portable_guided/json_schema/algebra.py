@@ -370,6 +370,12 @@ def _value_types(s: Mapping[str, Any], defs: Mapping[str, Any] | None = None,
                 union |= bt
             if union is not None:
                 out = union if out is None else out & union
+    negated = s.get("not")
+    if isinstance(negated, Mapping):
+        target = _deref(negated, defs) if defs is not None else negated
+        nt = None if target is None else _types_outside(target)
+        if nt is not None:
+            out = nt if out is None else out & nt
     ts = _types(s)
     if ts is not None:
         declared: set[str] = set()
@@ -395,6 +401,30 @@ def _value_types(s: Mapping[str, Any], defs: Mapping[str, Any] | None = None,
                 vt.add("object")
         out = vt if out is None else out & vt
     return out
+
+
+_VALUE_TYPES = frozenset(("null", "boolean", "object", "array", "string", "integer",
+                          "fraction"))
+
+
+def _types_outside(s: Mapping[str, Any]) -> set[str] | None:
+    """The instance types ``{"not": s}`` can accept: those of which ``s`` does not accept
+    every value. Known where ``s`` is only a ``type``, or only keywords of one instance
+    type (``{"items": ...}`` holds for every non-array, so its negation takes arrays only);
+    None otherwise."""
+    keys = set(s) - _ANNOTATIONS
+    if not keys:
+        return set()
+    if keys == {"type"} and (ts := _types(s)) is not None:
+        accepted = set()
+        for t in ts:
+            accepted |= {"integer", "fraction"} if t == "number" else {t}
+        return set(_VALUE_TYPES - accepted)
+    families = {_FAMILY.get(k) for k in keys}
+    if len(families) != 1 or None in families:
+        return None
+    family = families.pop()
+    return {"integer", "fraction"} if family == "number" else {str(family)}
 
 
 def value_types(s: Any, defs: Mapping[str, Any]) -> set[str] | None:

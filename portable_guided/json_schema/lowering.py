@@ -575,7 +575,7 @@ class _Lowerer:
     def _drop_false_branches(self, s: dict[str, Any]) -> Any:
         for key in ("anyOf", "oneOf"):
             if isinstance(s.get(key), list):
-                branches = [b for b in s[key] if b is not False]
+                branches = [b for b in s[key] if not self._empty(b, exact=key == "oneOf")]
                 if not branches:
                     return False
                 if len(branches) == 1:
@@ -583,6 +583,22 @@ class _Lowerer:
                     return {**rest, "allOf": [*rest.get("allOf", []), branches[0]]}
                 s[key] = branches
         return s
+
+    def _empty(self, branch: Any, *, exact: bool) -> bool:
+        """Whether ``branch`` is ``false``, or a ``$ref`` alone to a definition that lowers
+        to ``false`` (``exact``: lowered exactly; a subset, narrowed to nothing, may only be
+        left out of an ``anyOf``)."""
+        if branch is False:
+            return True
+        if not isinstance(branch, Mapping) or set(branch) - _ANNOTATIONS != {"$ref"}:
+            return False
+        ref = branch["$ref"]
+        if not isinstance(ref, str) or not self._is_def_ref(ref):
+            return False
+        if exact and self.approximate:
+            with self._exact():
+                return self.target(ref) is False
+        return self.target(ref) is False
 
     def _merge_all_of(self, s: dict[str, Any]) -> Any:
         parts = s.get("allOf")

@@ -43,7 +43,7 @@ __all__ = ["RUNTIME_CACHE_VERSION", "CompileService", "CompiledGrammar"]
 log = logging.getLogger(__name__)
 
 #: Part of the disk cache key: bumped whenever a spec may compile to another grammar (CHANGELOG.md).
-RUNTIME_CACHE_VERSION = "17"
+RUNTIME_CACHE_VERSION = "18"
 
 #: Default ``local_below_s``: below this compile time the parent recompiles instead of
 #: receiving the worker's serialized grammar. Kept at 0.1 s by measurement (xgrammar 0.2.8,

@@ -384,7 +384,11 @@ def _branch():
             **({"additionalProperties": False} if closed else {})},
         st.dictionaries(st.sampled_from(NAMES), prop, max_size=3),
         st.lists(st.sampled_from(NAMES), max_size=2, unique=True), st.booleans(),
-        st.booleans()) | _leaf_keywords()
+        st.booleans()) | _leaf_keywords() | st.builds(
+            # negations: of one type's keywords (`not {"items": ...}` takes arrays only)
+            lambda n: {"not": n}, _leaf_keywords() | st.builds(
+                lambda k, v: {k: v}, st.sampled_from(["items", "contains"]),
+                st.sampled_from([{"type": "string"}, {"const": 0}, True, False])))
 
 
 def _branch_or_union():
@@ -706,3 +710,25 @@ def test_a_one_of_branch_through_a_narrowed_ref_is_read_exactly(schema):
     for x in instances:
         if jsonschema.Draft202012Validator(lowered).is_valid(x):
             assert jsonschema.Draft202012Validator(schema).is_valid(x), (x, lowered)
+
+
+def test_a_one_of_branch_narrowed_to_nothing_leaves_the_others():
+    """MaskBench o91584: ``not {"items": {"not": v}}`` (arrays holding v) has no form the
+    engines take and narrows to ``false``; it takes arrays only, so the ``oneOf`` is proven
+    disjoint, becomes ``anyOf``, and the empty branch is dropped: strings of v stay."""
+    value = {"enum": ["http://www.w3.org/ns/anno.jsonld"]}
+    schema = {"type": "object", "properties": {"c": {"oneOf": [
+        {"$ref": "#/definitions/v"}, {"$ref": "#/definitions/a"}]}},
+        "definitions": {"v": value, "a": {"not": {"items": {"not": {"$ref": "#/definitions/v"}}}}}}
+    lowered = lower(schema, approximate=True)
+    text = "http://www.w3.org/ns/anno.jsonld"
+    assert _valid(lowered, {"c": text}) and _valid(schema, {"c": text})
+    for x in ({"c": [text]}, {"c": "other"}, {"c": [text, 1]}, {"c": 1}):
+        assert not _valid(lowered, x) or _valid(schema, x), (x, lowered)
+    # Under oneOf, a branch whose exact form is empty is dropped too; a narrowed one is not
+    # unless the branches are disjoint (it would let the others take its values).
+    overlapping = {"oneOf": [{"type": "array"}, {"$ref": "#/$defs/a"}],
+                   "$defs": {"a": {"not": {"items": {"type": "string"}}}}}
+    narrowed = lower(overlapping, approximate=True)
+    for x in ([1], ["a"], [], "s"):
+        assert not _valid(narrowed, x) or _valid(overlapping, x), (x, narrowed)
