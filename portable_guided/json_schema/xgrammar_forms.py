@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -19,7 +20,8 @@ from .xgrammar_patterns import (
     exact_pattern,
 )
 
-__all__ = ["structured_values_text", "length_pattern", "xgrammar_exact_strings"]
+__all__ = ["length_pattern", "pattern_with_lengths", "search_pattern", "structured_values_text",
+           "xgrammar_exact_strings"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -111,6 +113,66 @@ def length_pattern(min_length: int, max_length: int | None) -> str | None:
     return f"^{_RAW_CHAR}{{{min_length},{max_length}}}$"
 
 
+def _ends_anchored(pattern: str) -> bool:
+    """Whether ``pattern`` ends with the ``$`` anchor (not an escaped ``\\$``)."""
+    body = pattern[:-1]
+    return pattern.endswith("$") and (len(body) - len(body.rstrip("\\"))) % 2 == 0
+
+
+def search_pattern(pattern: str) -> str:
+    """JSON Schema's ``pattern`` searches (ECMA-262: a match anywhere in the string);
+    xgrammar matches the whole string. The search as a whole-string match: an unanchored
+    side becomes any run of characters written without escapes (what xgrammar's strings
+    hold), so ``\\d{3}`` is ``^[^...]*(\\d{3})[^...]*$``. Exact for a pattern without a
+    top-level ``|``; with one, anchoring the whole alternation where one branch was
+    anchored narrows it (``^a|b`` to strings starting with ``a`` or ``b``): a subset, sound."""
+    start, end = pattern.startswith("^"), _ends_anchored(pattern)
+    if start and end:
+        return pattern
+    body = pattern[1 if start else 0:len(pattern) - 1 if end else len(pattern)]
+    if not body:
+        return f"^{_RAW_CHAR}*$"  # (a pattern that matches every string)
+    return (f"^{'' if start else _RAW_CHAR + '*'}({body}){'' if end else _RAW_CHAR + '*'}$")
+
+
+#: An anchored pattern of one character class (or ``.``, ``\d``...) and a repeat.
+_ONE_CLASS = re.compile(r"\^(\[(?:\\.|[^\]\\])+\]|\\[dwsDWS]|\.)(\*|\+|\?|\{(\d+)(?:(,)(\d*))?\})?\$")
+
+
+def pattern_with_lengths(pattern: str, low: int, high: int | None) -> str | None:
+    """The anchored pattern of the strings that match ``pattern`` and are ``low`` to
+    ``high`` characters long, where ``pattern`` is one class and a repeat
+    (``^[a-z0-9_-]+$`` with ``maxLength: 64`` is ``^[a-z0-9_-]{1,64}$``), or ``None``:
+    xgrammar drops length bounds beside a pattern, so other shapes are refused there."""
+    m = _ONE_CLASS.fullmatch(pattern)
+    if m is None:
+        return None
+    atom, repeat, least, comma, most = m.groups()
+    if repeat is None:
+        bounds: tuple[int, int | None] = (1, 1)
+    elif repeat in ("*", "+", "?"):
+        bounds = {"*": (0, None), "+": (1, None), "?": (0, 1)}[repeat]
+    else:
+        bounds = (int(least), (int(most) if most else None) if comma else int(least))
+    lo = max(bounds[0], low)
+    his = [h for h in (bounds[1], high) if h is not None]
+    hi = min(his) if his else None
+    if hi is not None and hi < lo or max(lo, hi or 0) > LARGEST_JSON_REPEAT:
+        return None
+    return f"^{atom}{{{lo},{'' if hi is None else hi}}}$"
+
+
+def _pattern_lengths(node: Mapping[str, Any]) -> tuple[int, int | None] | None:
+    """``(minLength, maxLength)`` beside a ``pattern`` (integers), else ``None``."""
+    if not isinstance(node.get("pattern"), str) or "format" in node or not (
+            "minLength" in node or "maxLength" in node):
+        return None
+    low, high = node.get("minLength", 0), node.get("maxLength")
+    if type(low) is int and (high is None or type(high) is int):
+        return low, high
+    return None
+
+
 def _length_bounds(node: Mapping[str, Any]) -> tuple[int, int | None] | None:
     """``(minLength, maxLength)`` of a string schema whose only string keywords are these
     (integers), else ``None``."""
@@ -142,13 +204,13 @@ def xgrammar_exact_strings(schema: Any) -> tuple[Any, list[str]]:
     lengths = False
     for _, node in iter_schemas(schema):
         patterns += node_patterns(node)
-        lengths = lengths or _length_bounds(node) is not None
-    if not lengths and all(exact_pattern(p) == p for p in patterns):
+        lengths = lengths or (_length_bounds(node) or _pattern_lengths(node)) is not None
+    if not lengths and all(exact_pattern(p) == search_pattern(p) == p for p in patterns):
         return schema, []
     bad: list[str] = []
 
-    def exact(text: str) -> str:
-        out = exact_pattern(text)
+    def exact(text: str, *, search: bool = True) -> str:
+        out = exact_pattern(search_pattern(text) if search else text)
         if out is None:
             bad.append(text)
         return text if out is None else out
@@ -167,12 +229,20 @@ def xgrammar_exact_strings(schema: Any) -> tuple[Any, list[str]]:
                 out.pop("maxLength", None)
             if pattern is not None:
                 out["pattern"] = pattern
+        beside = _pattern_lengths(out)
+        folded = None if beside is None else pattern_with_lengths(out["pattern"], *beside)
+        if folded is not None:
+            out.pop("minLength", None)
+            out.pop("maxLength", None)
+            out["pattern"] = folded
         if isinstance(out.get("pattern"), str):
             out["pattern"] = exact(out["pattern"])
         if isinstance(out.get("patternProperties"), Mapping):
             names: dict[str, Any] = {}
             for name, sub in out["patternProperties"].items():
-                key = exact(name)
+                # (searched names stay refused: the filler's `"` and `\` would be in the
+                # name, which xgrammar mis-escapes)
+                key = exact(name, search=False)
                 if key in names:
                     bad.append(name)
                 names[key] = sub

@@ -33,6 +33,11 @@ CASES = {
     "pattern_with_length": ({"type": "string", "pattern": "^[0-9a-f]+$", "maxLength": 12},
                             "0123456789abc"),
     "pattern_unanchored": ({"type": "string", "pattern": "[0-9]+"}, "a1"),
+    "pattern_unanchored_no_match": ({"type": "string", "pattern": "[0-9]{2}"}, "a1b"),
+    "pattern_one_class_too_long": ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3},
+                                   "abcd"),
+    "pattern_one_class_within": ({"type": "string", "pattern": "^[a-z]+$", "minLength": 2,
+                                  "maxLength": 3}, "abc"),
     "patternProperties_unanchored": ({"type": "object", "additionalProperties": False,
                                       "patternProperties": {"[a-z]+": {"type": "integer"}}},
                                      {"ab1": 1}),
@@ -84,6 +89,17 @@ def _decide(rt, spec: GrammarSpec, instance) -> bool | None:
         return None
     ids = rt.info.encode(json.dumps(instance))
     return req.accept_tokens(ids) == len(ids) and req.accept(rt.info.stop_token_ids[0])
+
+
+#: Cases xgrammar decides (rewritten into forms it reads exactly), never refuses.
+XGRAMMAR_DECIDES = {"pattern_unanchored", "pattern_unanchored_no_match", "pattern_with_length",
+                    "pattern_one_class_too_long", "pattern_one_class_within"}
+
+
+@pytest.mark.parametrize("case", sorted(XGRAMMAR_DECIDES))
+def test_xgrammar_decides_searched_patterns_and_one_class_lengths(case, runtimes):
+    schema, instance = CASES[case]
+    assert _decide(runtimes["xgrammar"], GrammarSpec.json_schema(schema), instance) is not None
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -389,7 +405,7 @@ def test_xgrammar_reasons_name_the_keyword_and_pointer():
 def test_auto_falls_back_to_llguidance_where_xgrammar_refuses(deepseek):
     from portable_guided.runtime import GrammarRuntime
 
-    spec = GrammarSpec.json_schema({"type": "string", "pattern": "[0-9]+"})
+    spec = GrammarSpec.json_schema({"type": "string", "pattern": "^[0-9]+x$", "maxLength": 3})
     with GrammarRuntime(deepseek, "auto", auto_order=("xgrammar", "llguidance"),
                         compile_timeout_s=None) as rt:
         req = rt.new_request(spec).wait(60)

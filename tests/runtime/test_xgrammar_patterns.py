@@ -11,6 +11,7 @@ import re
 import pytest
 
 from portable_guided.runtime.json_semantics import xgrammar_exact_strings as exact_schema_patterns
+from portable_guided.json_schema.xgrammar_forms import pattern_with_lengths, search_pattern
 from portable_guided.runtime.xgrammar_patterns import exact_pattern, needs_escaped_character
 
 xgr = pytest.importorskip("xgrammar")
@@ -48,6 +49,19 @@ def _xgrammar_accepts(pattern: str) -> set[str]:
         if matcher.accept_string(json.dumps(s)) and matcher.is_terminated():
             accepted.add(s)
     return accepted
+
+
+def _xgrammar_accepts_schema(schema: dict) -> set[str]:
+    """The strings of STRINGS xgrammar accepts for the string ``schema`` once our rewrites
+    (``xgrammar_exact_strings``) have run."""
+    out, bad = exact_schema_patterns(schema)
+    assert not bad, bad
+    assert not {"minLength", "maxLength"} & out.keys(), out  # (folded into the pattern)
+    return _xgrammar_accepts(out["pattern"][1:-1])
+
+
+#: A character written without an escape (what an unanchored side stands for).
+ANY = '[^\\x00-\\x1f"\\\\]'
 
 
 def _regex_accepts(pattern: str) -> set[str]:
@@ -116,7 +130,8 @@ def test_schema_patterns_rewritten_where_they_are_patterns():
     assert out["properties"]["pattern"]["pattern"] == "^(ab){0,1}$"
     assert out["properties"]["enum"] == {"enum": [{"pattern": "(x)?"}]}  # data, not a schema
     assert list(out["patternProperties"]) == ["^(k){0,1}$", "^z$"]
-    assert out["items"] == [{"pattern": "(c){0,1}"}]
+    # (unanchored: JSON Schema searches, so any characters may stand around the match)
+    assert out["items"] == [{"pattern": f"^{ANY}*((c){{0,1}}){ANY}*$"}]
     assert out["default"] == {"pattern": "(d)?"}
     assert schema["properties"]["pattern"]["pattern"] == "^(ab)?$"  # input untouched
     same = {"type": "string", "pattern": "^a+$"}
@@ -163,3 +178,53 @@ def test_the_upstream_reproducers_still_reproduce():
     fixed = [title for title, schema, text, expected in repro.CASES
              if repro.accepts(compiler, schema, text) == expected]
     assert fixed == []
+
+
+def test_unanchored_patterns_search_as_python_re_does():
+    """JSON Schema's pattern matches anywhere in the string (ECMA-262 ``search``); xgrammar
+    matches the whole string, so the rewrite puts any characters on an unanchored side."""
+    rng = random.Random(20261127)
+    for _ in range(300):
+        body = _random_regex(rng)
+        start, end = rng.choice(["", "^"]), rng.choice(["", "$"])
+        pattern = f"{start}{body}{end}"
+        want = {s for s in STRINGS if re.search(pattern, s)}
+        assert _xgrammar_accepts_schema({"type": "string", "pattern": pattern}) == want, pattern
+
+
+def test_a_top_level_alternation_is_searched_soundly():
+    # `^a|b` is "starts with a, or holds b": anchoring the alternation narrows it (a
+    # subset: every string accepted holds a match).
+    pattern = "^a|b"
+    got = _xgrammar_accepts_schema({"type": "string", "pattern": pattern})
+    assert got and all(re.search(pattern, s) for s in got)
+    assert search_pattern("^a$") == "^a$"
+    # `a\\$`: a backslash, then the anchor; `a\$`: a literal dollar, unanchored.
+    assert search_pattern("a\\\\$") == f"^{ANY}*(a\\\\)$"
+    assert search_pattern("a\\$") == f"^{ANY}*(a\\$){ANY}*$"
+
+
+ONE_CLASS = ["^[a-b]", "^\\d", "^.", "^[^a]", "^\\w", "^[ab:]"]
+REPEATS = ["", "*", "+", "?", "{2}", "{1,3}", "{0,}", "{2,}"]
+
+
+def test_one_class_patterns_take_their_length_bounds():
+    """xgrammar drops minLength/maxLength beside a pattern; for one class and a repeat the
+    bounds go into the repeat, and the strings accepted are those of the pattern with a
+    length within them."""
+    rng = random.Random(7)
+    for _ in range(200):
+        pattern = rng.choice(ONE_CLASS) + rng.choice(REPEATS) + "$"
+        low = rng.choice([0, 0, 1, 2, 3])
+        high = rng.choice([None, 1, 2, 3, 4])
+        schema = {"type": "string", "pattern": pattern, "minLength": low,
+                  **({} if high is None else {"maxLength": high})}
+        want = {s for s in STRINGS if re.search(pattern, s) and low <= len(s) and (
+            high is None or len(s) <= high)}
+        if pattern_with_lengths(pattern, low, high) is None:
+            assert not want or high is not None and high < low, schema
+            continue
+        assert _xgrammar_accepts_schema(schema) == want, schema
+    assert pattern_with_lengths("^[a-z]+$", 0, 64) == "^[a-z]{1,64}$"
+    assert pattern_with_lengths("^[a-z]+x$", 0, 3) is None  # not one class: refused
+    assert pattern_with_lengths("^\\w+$", 0, 500) is None  # above xgrammar's JSON repeats
