@@ -4,9 +4,15 @@ CPU (no CUDA device: the few CUDA-only calls are stubbed where a test says so)."
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+
+#: Mask and token identity with lmdeploy's own xgrammar matchers, and the slow-compile
+#: limit, are asserted with our xgrammar engine; the backend's default engine (``auto``) has
+#: its own test (test_lmdeploy_backend.py).
+os.environ.setdefault("PORTABLE_GUIDED_LMDEPLOY_ENGINE", "xgrammar")
 
 if importlib.util.find_spec("lmdeploy") is None:  # other lanes: nothing here can run
     collect_ignore_glob = ["test_*.py"]

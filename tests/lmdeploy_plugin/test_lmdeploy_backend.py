@@ -201,3 +201,35 @@ def test_speculative_fork_follows_the_same_grammar(manager: Any) -> None:
         theirs = _serial(own, 3, torch.float32)
     assert torch.equal(ours, theirs)
     assert GuidedSpecHelper  # (the helper the serial path runs)
+
+
+def test_default_engine_constrains_each_row() -> None:
+    """(Last in the file: it loads the plugin afresh, which ends the module manager's.)
+    The backend's default engine (``auto``; this lane's conftest pins ``xgrammar`` for
+    the identity tests): greedy steps on random logits beside a free row; the JSON row is
+    masked at every step and its text opens an object."""
+    from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
+    from lmdeploy.pytorch.engine.logits_process import FusedLogitsProcessor
+
+    from portable_guided.integrations.lmdeploy.backend import BACKEND_ENGINE
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("PORTABLE_GUIDED_LMDEPLOY_ENGINE")
+        mp.setenv("PORTABLE_GUIDED_LMDEPLOY_COMPILE_WORKERS", "1")
+        mp.setattr(FusedLogitsProcessor, "_wait_stream_once", _no_wait)
+        with plugin_loaded(mp, backend=True):
+            mgr = GuidedDecodingManager(tokenizer(), VOCAB)
+            try:
+                assert mgr._pg_runtime.engine == BACKEND_ENGINE == "auto"
+                gen = torch.Generator().manual_seed(9)
+                tokens = []
+                for _ in range(6):
+                    scores, picked, _ = step(mgr, [21, 22], [fmt(PERSON), {"type": "text"}],
+                                             torch.randn(2, VOCAB, generator=gen) * 3)
+                    assert not torch.isinf(scores[1]).any()  # the free row
+                    assert torch.isinf(scores[0]).sum() > VOCAB // 2  # the JSON row masked
+                    tokens.append(picked[0])
+            finally:
+                mgr._pg_runtime.close()
+    text = tokenizer().decode(tokens)
+    assert text.lstrip().startswith("{"), text

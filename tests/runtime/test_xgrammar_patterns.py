@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from portable_guided.runtime.json_semantics import xgrammar_exact_strings as exact_schema_patterns
 from portable_guided.json_schema.xgrammar_forms import pattern_with_lengths, search_pattern
+from portable_guided.runtime.json_semantics import xgrammar_exact_strings as exact_schema_patterns
 from portable_guided.runtime.xgrammar_patterns import exact_pattern, needs_escaped_character
 
 xgr = pytest.importorskip("xgrammar")

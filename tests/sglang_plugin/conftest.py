@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+
+#: Mask identity with SGLang's own xgrammar backend is asserted with our xgrammar engine;
+#: the backend's default engine (``auto``) has its own test (test_sglang_backend.py).
+os.environ.setdefault("PORTABLE_GUIDED_SGLANG_ENGINE", "xgrammar")
 
 if importlib.util.find_spec("sglang") is None:  # other lanes: nothing here can run
     collect_ignore_glob = ["test_*.py"]

@@ -172,6 +172,29 @@ def test_rollback_and_jump_forward_match_sglang(create: Any, tokenizer: Any, eos
         ours.accept_token(tokenizer.encode("}}}", add_special_tokens=False)[0])
 
 
+def test_default_engine_enforces_the_schema(create: Any, tokenizer: Any, eos: int,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend's default engine (``auto``, not pinned by this lane's conftest): the
+    instance's tokens each allowed by the mask and accepted, then the end token; a token
+    the schema forbids (an array at the root) masked out."""
+    from portable_guided.integrations.sglang.backend import BACKEND_ENGINE
+
+    monkeypatch.delenv("PORTABLE_GUIDED_SGLANG_ENGINE")
+    backend = create()
+    assert backend.runtime.engine == BACKEND_ENGINE == "auto"
+    grammar = _grammar(backend, ("json", SCHEMA))
+
+    def allowed(token: int) -> bool:
+        row = _masks([grammar]).vocab_mask[0]
+        return bool((int(row[token >> 5]) >> (token & 31)) & 1)
+
+    assert not allowed(tokenizer.encode("[", add_special_tokens=False)[0])
+    for token in tokenizer.encode(INSTANCE, add_special_tokens=False):
+        assert allowed(token)
+        grammar.accept_token(token)
+    assert allowed(eos)
+
+
 def test_bad_schema_fails_only_its_request(create: Any, tokenizer: Any) -> None:
     from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
 

@@ -64,6 +64,13 @@ ENGINE_ARGS: dict[str, Any] = {
 }
 
 
+#: Token and mask identity with vLLM's own xgrammar backend is asserted with our xgrammar
+#: engine (llguidance allows optional whitespace elsewhere); the backend's default engine
+#: (``auto``) is tested in mode ``runtime-default``: valid outputs, masks that act.
+ENGINE_ENV = "PORTABLE_GUIDED_VLLM_ENGINE"
+os.environ.setdefault(ENGINE_ENV, "xgrammar")
+
+
 @pytest.fixture(scope="session")
 def llm() -> Iterator[Any]:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -82,7 +89,7 @@ def manager(llm: Any) -> Any:
 @contextlib.contextmanager
 def plugin_mode(llm: Any, mode: str) -> Iterator[None]:
     """Run the block with vLLM alone (``off``), our apply (``apply``) or our apply and
-    grammar runtime (``runtime``). vLLM keeps one backend per engine, built on the first
+    grammar runtime (``runtime``: its xgrammar engine; ``runtime-default``: its default). vLLM keeps one backend per engine, built on the first
     structured request: switching drops it, so the next request builds the chosen one."""
     from portable_guided.integrations.vllm import backend
 
@@ -90,7 +97,8 @@ def plugin_mode(llm: Any, mode: str) -> Iterator[None]:
     set_plugin(mode)
     try:
         yield
-        if mode == "runtime" and not isinstance(manager(llm).backend, backend.PortableGuidedBackend):
+        if mode.startswith("runtime") and not isinstance(manager(llm).backend,
+                                                         backend.PortableGuidedBackend):
             raise AssertionError(f"vLLM used {type(manager(llm).backend).__name__}, not ours")
     finally:
         _reset_backend(llm)
@@ -102,12 +110,18 @@ def set_plugin(mode: str) -> None:
     (``runtime``) for the structured requests that follow."""
     import portable_guided.integrations.vllm as plug
 
-    if mode not in ("off", "apply", "runtime"):
-        raise ValueError(f"mode must be off, apply or runtime, got {mode!r}")
+    if mode not in ("off", "apply", "runtime", "runtime-default"):
+        raise ValueError(f"mode must be off, apply, runtime or runtime-default, got {mode!r}")
     plug.unpatch()
     os.environ.pop(plug.ENV_BACKEND, None)
+    # `runtime`: our xgrammar engine (token-identical to vLLM's); `runtime-default`: the
+    # backend's default engine.
+    if mode == "runtime-default":
+        os.environ.pop(ENGINE_ENV, None)
+    else:
+        os.environ[ENGINE_ENV] = "xgrammar"
     if mode != "off":
-        os.environ[plug.ENV_BACKEND] = "1" if mode == "runtime" else "0"
+        os.environ[plug.ENV_BACKEND] = "1" if mode.startswith("runtime") else "0"
         plug.register()
         if not plug.is_patched():
             raise RuntimeError("the plugin did not patch vLLM")
@@ -154,3 +168,8 @@ def _reset_backend(llm: Any) -> None:
         mgr.backend.destroy()
     mgr.backend = None
     mgr._grammar_bitmask = None
+    # A runtime started with the engine was configured by the environment of then.
+    prestarted = getattr(mgr, "_portable_guided_runtime", None)
+    if prestarted is not None:
+        prestarted.close()
+        mgr._portable_guided_runtime = None

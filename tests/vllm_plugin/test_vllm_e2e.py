@@ -15,7 +15,7 @@ import pytest
 from vllm import SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 
-from .conftest import ENGINE_ARGS, generate, model_dir, plugin_mode
+from .conftest import ENGINE_ARGS, generate, manager, model_dir, plugin_mode
 
 PERSON = {
     "type": "object",
@@ -98,13 +98,39 @@ def test_mixed_batch_token_identical_and_valid(llm, mode):
     assert sum(finished) >= len(finished) - 1, ours  # the outputs were really checked
 
 
-@pytest.mark.parametrize("mode", ["off", "apply", "runtime"])
+@pytest.mark.parametrize("mode", ["off", "apply", "runtime", "runtime-default"])
 def test_constraint_changes_output(llm, mode):
     """A control: the same prompt unconstrained does not follow the regex, so the masks
     above really acted."""
     with plugin_mode(llm, mode):
         free, phone = _run(llm, [("A phone number:", None), ("A phone number:", "phone")])
     assert re.fullmatch(PHONE, phone[1]) and not re.fullmatch(PHONE, free[1])
+
+
+def test_default_engine_outputs_are_valid(llm):
+    """The backend's default engine (``auto``: the fastest first token on new schemas) on
+    the mixed batch and on MaskBench schemas: every finished constrained output valid (not
+    token-identical: llguidance allows optional whitespace where xgrammar does not)."""
+    from portable_guided.integrations.vllm import backend
+
+    schemas = _maskbench_cases(5)
+    batch = [*MIXED]
+    with plugin_mode(llm, "runtime-default"):
+        outs = _run(llm, batch)
+        json_outs = generate(llm, [f"Return a JSON object for this schema: {json.dumps(s)[:200]}\n"
+                                   for s in schemas],
+                             [SamplingParams(temperature=0, max_tokens=48,
+                                             structured_outputs=StructuredOutputsParams(json=s))
+                              for s in schemas])
+        assert manager(llm).backend.runtime.engine == backend.BACKEND_ENGINE == "auto"
+    finished = 0
+    for (_, kind), (_, text, finish) in zip(batch, outs):
+        _check_valid(kind, text, finish)
+        finished += kind is not None and finish == "stop"
+    assert finished >= sum(kind is not None for _, kind in batch) - 1, outs
+    for schema, out in zip(schemas, json_outs):
+        if out.finish_reason == "stop":
+            jsonschema.validate(json.loads(out.text), schema)
 
 
 def _maskbench_cases(n: int):

@@ -30,6 +30,8 @@ Environment:
   ``force`` patches a build whose functions match no verified build (a loud warning; the
   canary still checks the first calls). Default ``1``: verified builds only.
 - ``PORTABLE_GUIDED_LMDEPLOY_BACKEND=1``: the runtime backend (default ``0``). Its settings:
+  ``PORTABLE_GUIDED_LMDEPLOY_ENGINE`` (``xgrammar``, ``llguidance`` or ``auto``; default
+  ``auto``; ``xgrammar`` keeps masks equal to lmdeploy's own),
   ``PORTABLE_GUIDED_LMDEPLOY_COMPILE_TIMEOUT_S`` (default 30),
   ``PORTABLE_GUIDED_LMDEPLOY_COMPILE_WORKERS`` (default half the cores, at most 4),
   ``PORTABLE_GUIDED_LMDEPLOY_CACHE_DIR`` (on-disk compile cache shared by the engine's

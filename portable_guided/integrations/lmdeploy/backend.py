@@ -179,6 +179,12 @@ class Processor:
         return Processor(self.manager, done, list(self.tokens))
 
 
+#: The grammar engine unless ``PORTABLE_GUIDED_LMDEPLOY_ENGINE`` names another: the
+#: runtime's default, chosen by measurement (docs/latency.md). The language is lmdeploy's
+#: (xgrammar's strict mode) on every engine; ``xgrammar`` keeps masks equal to lmdeploy's own.
+BACKEND_ENGINE = "auto"
+
+
 def _runtime_for(manager: Any, tokenizer: Any) -> Any:
     from ...runtime import GrammarRuntime, load_tokenizer_info
 
@@ -188,13 +194,15 @@ def _runtime_for(manager: Any, tokenizer: Any) -> Any:
     timeout_s = env_seconds("PORTABLE_GUIDED_LMDEPLOY_COMPILE_TIMEOUT_S", 30.0)
     workers = int(os.environ.get("PORTABLE_GUIDED_LMDEPLOY_COMPILE_WORKERS",
                                  max(1, min(4, ((os.cpu_count() or 1) + 1) // 2))))
-    runtime = GrammarRuntime(info, engine="xgrammar", compile_timeout_s=timeout_s,
+    engine = os.environ.get("PORTABLE_GUIDED_LMDEPLOY_ENGINE", BACKEND_ENGINE)
+    runtime = GrammarRuntime(info, engine=engine, compile_timeout_s=timeout_s,
                              compile_workers=workers,
                              disk_cache_dir=os.environ.get("PORTABLE_GUIDED_LMDEPLOY_CACHE_DIR")
                              or None)
     manager._pg_wait_s = None if timeout_s is None else 1.5 * timeout_s + 5.0
-    logger.info("portable_guided grammar runtime serves lmdeploy's guided decoding (compile "
-                "limit %s s, %d compile workers, pid %d)", timeout_s, workers, os.getpid())
+    logger.info("portable_guided grammar runtime serves lmdeploy's guided decoding (engine "
+                "%s, compile limit %s s, %d compile workers, pid %d)", engine, timeout_s,
+                workers, os.getpid())
     return runtime
 
 

@@ -27,7 +27,9 @@ Environment:
   functions match no verified build (a loud warning; the canary still checks the first
   calls). Default ``1``: verified builds only.
 - The backend's settings: ``PORTABLE_GUIDED_SGLANG_ENGINE`` (``xgrammar``, ``llguidance`` or
-  ``auto``; default ``xgrammar``: the backend serves xgrammar's strict language), ``PORTABLE_GUIDED_SGLANG_COMPILE_TIMEOUT_S`` (default 30),
+  ``auto``; default ``auto``, the fastest compile; the language is xgrammar's strict mode
+  on every engine, and ``xgrammar`` keeps masks identical to SGLang's own xgrammar
+  backend), ``PORTABLE_GUIDED_SGLANG_COMPILE_TIMEOUT_S`` (default 30),
   ``PORTABLE_GUIDED_SGLANG_CACHE_DIR`` (on-disk compile cache shared by processes), and the
   runtime's own cache settings (docs/cache.md): ``PORTABLE_GUIDED_CACHE_URL`` (a Redis shared
   by every rank and host: one compile per schema for the fleet, failures shared),

@@ -153,6 +153,10 @@ class PortableGuidedGrammar(BaseGrammarObject):
         return f"PortableGuidedGrammar({self.spec.kind}, {self.key_string[:60]!r})"
 
 
+#: The grammar engine unless ``PORTABLE_GUIDED_SGLANG_ENGINE`` names another.
+BACKEND_ENGINE = "auto"
+
+
 class PortableGuidedGrammarBackend(BaseGrammarBackend):
     """SGLang grammar backend served by one :class:`GrammarRuntime`."""
 
@@ -161,10 +165,10 @@ class PortableGuidedGrammarBackend(BaseGrammarBackend):
         super().__init__()
         stop = sorted(int(t) for t in eos_token_ids) if eos_token_ids else None
         info = load_tokenizer_info(tokenizer, vocab_size=vocab_size, stop_token_ids=stop)
-        # xgrammar, not the runtime's default (auto): as for vLLM, this backend serves
-        # xgrammar's strict language, which xgrammar compiles fast, token-identical to
-        # SGLang's own xgrammar backend.
-        self.engine = os.environ.get("PORTABLE_GUIDED_SGLANG_ENGINE", "xgrammar")
+        # The runtime's default (auto), chosen by measurement as for vLLM (docs/latency.md):
+        # the language is SGLang's (xgrammar's strict mode) on every engine; `xgrammar`
+        # keeps masks identical to SGLang's own xgrammar backend.
+        self.engine = os.environ.get("PORTABLE_GUIDED_SGLANG_ENGINE", BACKEND_ENGINE)
         timeout_s = env_seconds("PORTABLE_GUIDED_SGLANG_COMPILE_TIMEOUT_S", 30.0)
         self.runtime = GrammarRuntime(
             info, engine=self.engine, compile_timeout_s=timeout_s,

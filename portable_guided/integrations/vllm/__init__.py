@@ -23,7 +23,9 @@ Environment:
 - ``PORTABLE_GUIDED_VLLM_BACKEND=1`` also uses the grammar runtime as the backend of requests
   whose backend is ``xgrammar`` or ``guidance`` (default ``0``). Its settings:
   ``PORTABLE_GUIDED_VLLM_ENGINE`` (``xgrammar``, ``llguidance`` or ``auto``; default
-  ``xgrammar``: the backend serves xgrammar's strict language, token-identical to vLLM's own), ``PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S`` (default 30),
+  ``auto``, the fastest first token on new schemas; the language is vLLM's, xgrammar's
+  strict mode, on every engine, and ``xgrammar`` keeps greedy outputs token-identical to
+  vLLM's own backend), ``PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S`` (default 30),
   ``PORTABLE_GUIDED_VLLM_COMPILE_WORKERS`` (compile worker processes; default half the
   cores, as vLLM's own grammar threads, at most 4), ``PORTABLE_GUIDED_VLLM_COMPILE_RACE``
   (``1``: race each worker compile in this process, see ``GrammarRuntime``),

@@ -43,8 +43,11 @@ from ...runtime import GrammarRuntime, GrammarSpec, Request, load_tokenizer_info
 from ...runtime.errors import GrammarError
 from .._settings import env_seconds
 
-#: The grammar engine this backend uses unless ``PORTABLE_GUIDED_VLLM_ENGINE`` names another.
-BACKEND_ENGINE = "xgrammar"
+#: The grammar engine this backend uses unless ``PORTABLE_GUIDED_VLLM_ENGINE`` names another:
+#: the runtime's default, chosen by measurement (docs/latency.md; new Github_hard schemas:
+#: first token 0.87x vLLM alone's at B=1 and 0.39x at B=16, where xgrammar gave 1.55x and
+#: 1.62x, bench/results/vllm_cpu_cold_hard.json).
+BACKEND_ENGINE = "auto"
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -219,10 +222,9 @@ def start_runtime(tokenizer: Any, vocab_size: int) -> GrammarRuntime:
     # (the first prefill of a burst of new schemas ran 4-7x slower).
     workers = int(os.environ.get("PORTABLE_GUIDED_VLLM_COMPILE_WORKERS",
                                  max(1, min(4, ((os.cpu_count() or 1) + 1) // 2))))
-    # Not the runtime's default (auto): this backend serves vLLM's language, xgrammar's
-    # strict mode, which xgrammar compiles at its own speed (no open objects), and with
-    # xgrammar the outputs stay token-identical to vLLM's own backend (llguidance places
-    # optional whitespace differently: tests/vllm_plugin/test_vllm_e2e.py).
+    # The language is vLLM's (xgrammar's strict mode) on every engine; `xgrammar` keeps
+    # greedy outputs token-identical to vLLM's own backend (llguidance allows optional
+    # whitespace elsewhere: tests/vllm_plugin/test_vllm_e2e.py), `auto` compiles faster.
     engine = os.environ.get("PORTABLE_GUIDED_VLLM_ENGINE", BACKEND_ENGINE)
     timeout_s = env_seconds("PORTABLE_GUIDED_VLLM_COMPILE_TIMEOUT_S", 30.0)
     runtime = GrammarRuntime(
