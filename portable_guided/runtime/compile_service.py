@@ -206,9 +206,11 @@ class CompileService:
                 self._worker_engines, size=workers, local_below_s=local_below_s,
                 on_kill=lambda: self.metrics.inc("workers_killed"),
             )
-            # This process's engine finishes each worker compile: built while the workers
-            # start, not at the first reply.
-            self._threads.submit(self._warm_engine, self.order[0])
+            # This process's engines finish the worker compiles (and an upgrade's): built
+            # while the workers start, not at the first reply. (A tokenizer conversion can
+            # hold the GIL for 100-200 ms: not while serving.)
+            for name in self.order:
+                self._threads.submit(self._warm_engine, name)
 
     # -- engines ---------------------------------------------------------------------------
     def engine(self, name: str) -> Engine:
@@ -221,6 +223,11 @@ class CompileService:
                     eng = self._engines[name] = create_engine(
                         name, self.info, fill_threads=self._fill_threads)
         return eng
+
+    def warm(self) -> None:
+        """Build this process's engines now (see :meth:`GrammarRuntime.warm`)."""
+        for name in self.order:
+            self.engine(name)
 
     def _warm_engine(self, name: str) -> None:
         try:

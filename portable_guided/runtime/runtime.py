@@ -168,6 +168,14 @@ class GrammarRuntime:
         ``"done"``, ``"failed"``, ``"dropped"`` or None (``CompileService.upgrade_state``)."""
         return self._service.upgrade_state(spec)
 
+    def warm(self) -> None:
+        """Build this process's engines (their tokenizer conversions, 100-200 ms of native
+        code holding the GIL for a large vocabulary) and return when they are built; raises
+        the engine's error. The runtime starts building them in the background when it is
+        constructed; a server calls this while it starts, so that no request, and no event
+        loop, waits for it."""
+        self._service.warm()
+
     def compile(self, spec: GrammarSpec, timeout: float | None = None) -> CompiledGrammar:
         """Compile ``spec`` and wait for it; raises the compile error."""
         return self._service.submit(spec).result(timeout)

@@ -318,3 +318,20 @@ def test_race_keeps_the_time_limit_and_pauses_while_a_compile_runs_away(tmp_path
     m = result["metrics"]
     assert m["race_runaways"] == 1 and m["compile_timeouts"] == 1
     assert m["workers_killed"] == 0  # compiled here: no worker was involved
+
+
+def test_warm_builds_every_engine_of_the_order(deepseek):
+    """``GrammarRuntime.warm``: this process's engines built (each tokenizer converted)
+    before the first compile, for every engine ``auto`` may use (an upgrade's too), and the
+    first compile then uses them as they are."""
+    from portable_guided.runtime import GrammarRuntime, GrammarSpec
+
+    with GrammarRuntime(deepseek, "auto", compile_timeout_s=5) as rt:
+        rt.warm()
+        built = dict(rt._service._engines)
+        assert set(built) == {"llguidance", "xgrammar"}
+        rt.compile(GrammarSpec.json_schema({"type": "integer"}))
+        assert rt._service._engines == built  # nothing built again
+    with GrammarRuntime(deepseek, "xgrammar", compile_timeout_s=5) as rt:
+        rt.warm()
+        assert set(rt._service._engines) == {"xgrammar"}

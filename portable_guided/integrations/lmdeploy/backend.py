@@ -179,6 +179,16 @@ class Processor:
         return Processor(self.manager, done, list(self.tokens))
 
 
+def warm(runtime: Any) -> None:
+    """Build the runtime's engines while the engine starts (``GrammarRuntime.warm``), not
+    while its event loop serves; a failure is left for the first compile to report."""
+    try:
+        runtime.warm()
+    except Exception as exc:  # noqa: BLE001 - never stop the engine from starting
+        logger.warning("portable_guided could not build its grammar engines ahead (%s: %s)",
+                       type(exc).__name__, exc)
+
+
 #: The grammar engine unless ``PORTABLE_GUIDED_LMDEPLOY_ENGINE`` names another: the
 #: runtime's default, chosen by measurement (docs/latency.md). The language is lmdeploy's
 #: (xgrammar's strict mode) on every engine; ``xgrammar`` keeps masks equal to lmdeploy's own.
@@ -200,6 +210,7 @@ def _runtime_for(manager: Any, tokenizer: Any) -> Any:
                              disk_cache_dir=os.environ.get("PORTABLE_GUIDED_LMDEPLOY_CACHE_DIR")
                              or None)
     manager._pg_wait_s = None if timeout_s is None else 1.5 * timeout_s + 5.0
+    warm(runtime)
     logger.info("portable_guided grammar runtime serves lmdeploy's guided decoding (engine "
                 "%s, compile limit %s s, %d compile workers, pid %d)", engine, timeout_s,
                 workers, os.getpid())
