@@ -595,10 +595,8 @@ class _Lowerer:
         ref = branch["$ref"]
         if not isinstance(ref, str) or not self._is_def_ref(ref):
             return False
-        if exact and self.approximate:
-            with self._exact():
-                return self.target(ref) is False
-        return self.target(ref) is False
+        with self._exact() if exact else contextlib.nullcontext():
+            return self.target(ref) is False
 
     def _merge_all_of(self, s: dict[str, Any]) -> Any:
         parts = s.get("allOf")

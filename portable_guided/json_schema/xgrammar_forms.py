@@ -162,30 +162,34 @@ def pattern_with_lengths(pattern: str, low: int, high: int | None) -> str | None
     return f"^{atom}{{{lo},{'' if hi is None else hi}}}$"
 
 
-def _pattern_lengths(node: Mapping[str, Any]) -> tuple[int, int | None] | None:
-    """``(minLength, maxLength)`` beside a ``pattern`` (integers), else ``None``."""
-    if not isinstance(node.get("pattern"), str) or "format" in node or not (
-            "minLength" in node or "maxLength" in node):
+def _bounds(node: Mapping[str, Any]) -> tuple[int, int | None] | None:
+    """``(minLength, maxLength)`` where ``node`` has either and both are integers (a missing
+    ``maxLength`` is None), else ``None``."""
+    if not ("minLength" in node or "maxLength" in node):
         return None
     low, high = node.get("minLength", 0), node.get("maxLength")
-    if type(low) is int and (high is None or type(high) is int):
-        return low, high
-    return None
+    return (low, high) if type(low) is int and (high is None or type(high) is int) else None
+
+
+def _pattern_lengths(node: Mapping[str, Any]) -> tuple[int, int | None] | None:
+    """``(minLength, maxLength)`` beside a ``pattern`` (no ``format``), else ``None``."""
+    if not isinstance(node.get("pattern"), str) or "format" in node:
+        return None
+    return _bounds(node)
 
 
 def _length_bounds(node: Mapping[str, Any]) -> tuple[int, int | None] | None:
     """``(minLength, maxLength)`` of a string schema whose only string keywords are these
     (integers), else ``None``."""
     types = node.get("type")
-    if not ("minLength" in node or "maxLength" in node) or not (
-            types == "string" or isinstance(types, list) and "string" in types):
+    if not (types == "string" or isinstance(types, list) and "string" in types):
         return None
     if "pattern" in node or "format" in node:
-        return None  # refused on xgrammar instead (it drops the bounds beside these)
-    low, high = node.get("minLength", 0), node.get("maxLength")
-    if not (type(low) is int and (high is None or type(high) is int and high >= low)):
+        return None  # (beside these: pattern_with_lengths, or refused on xgrammar)
+    bounds = _bounds(node)
+    if bounds is None or bounds[1] is not None and bounds[1] < bounds[0]:
         return None  # (xgrammar reports minLength above maxLength itself)
-    return low, high
+    return bounds
 
 
 def xgrammar_exact_strings(schema: Any) -> tuple[Any, list[str]]:
