@@ -64,23 +64,27 @@ def manager():
             mgr._pg_runtime.close()
 
 
-def sampling_inputs(sessions: list[int], formats: list[dict]) -> Any:
+def sampling_inputs(sessions: list[int], formats: list[dict],
+                    seq_ids: list[int] | None = None) -> Any:
     from lmdeploy.pytorch.engine.logits_process import SamplingInputs
 
+    seq_ids = seq_ids or [0] * len(sessions)
     return SamplingInputs(max_top_k=1, max_num_logprobs=-1, batch_size=len(sessions),
                           logits_processors=[[] for _ in sessions],
                           response_formats=tuple(formats),
-                          session_ctx=[{"session_id": s, "seq_id": 0} for s in sessions])
+                          session_ctx=[{"session_id": s, "seq_id": q}
+                                       for s, q in zip(sessions, seq_ids)])
 
 
-def step(manager: Any, sessions: list[int], formats: list[dict], logits: torch.Tensor) -> Any:
+def step(manager: Any, sessions: list[int], formats: list[dict], logits: torch.Tensor,
+         seq_ids: list[int] | None = None) -> Any:
     """One sampling step as lmdeploy's model agent runs it (``async_sampling_logits``):
     a new FusedLogitsProcessor, the masked scores, greedy sampling, accept."""
     from lmdeploy.pytorch.engine.logits_process import FusedLogitsProcessor
 
     async def run() -> Any:
         t0 = time.perf_counter()
-        processor = FusedLogitsProcessor(sampling_inputs(sessions, formats),
+        processor = FusedLogitsProcessor(sampling_inputs(sessions, formats, seq_ids),
                                          guided_decoding_manager=manager)
         built_s = time.perf_counter() - t0
         scores, _ = await processor(logits)
@@ -143,6 +147,78 @@ def test_compiles_never_block_the_loop_and_a_slow_schema_fails_alone(manager: An
         assert len(allowed(scores[1])) < VOCAB
     manager.remove_processor(21)
     manager.remove_processor(22)
+
+
+def admit(manager: Any, requests: list[tuple[int, dict]]) -> Any:
+    """lmdeploy's own ``Engine._add_message`` (ours installed around it) on a real
+    ``Scheduler``; the engine object itself needs a CUDA device to build, so the method runs
+    on a namespace with the attributes it reads, its model agent holding ``manager`` (the
+    ``uni`` executor's layout). Returns the scheduler."""
+    from types import SimpleNamespace
+
+    from lmdeploy.messages import GenerationConfig
+    from lmdeploy.pytorch.config import CacheConfig, SchedulerConfig
+    from lmdeploy.pytorch.disagg.config import EngineRole
+    from lmdeploy.pytorch.engine.engine import Engine
+    from lmdeploy.pytorch.messages import SamplingParam, SequenceMeta
+    from lmdeploy.pytorch.paging.scheduler import Scheduler
+    from lmdeploy.pytorch.strategies.ar.sequence import ARSequenceStrategy
+
+    scheduler = Scheduler(SchedulerConfig(max_batches=8, max_session_len=4096),
+                          CacheConfig(max_batches=8, block_size=64, num_cpu_blocks=0,
+                                      num_gpu_blocks=64),
+                          seq_meta=SequenceMeta(64, strategy=ARSequenceStrategy()))
+    engine = SimpleNamespace(
+        scheduler=scheduler, max_session_len=4096, migration_event=None,
+        engine_config=SimpleNamespace(role=EngineRole.Hybrid), _response=lambda *a: None,
+        executor=SimpleNamespace(model_agent=SimpleNamespace(guided_decoding_manager=manager)))
+    reqs = []
+    for session, response_format in requests:
+        scheduler.add_session(session)
+        param = SamplingParam.from_gen_config(GenerationConfig(response_format=response_format))
+        reqs.append(SimpleNamespace(resp=None, data={
+            "session_id": session, "sampling_param": param, "token_ids": [1, 2, 3],
+            "adapter_name": None}))
+    Engine._add_message(engine, reqs)
+    return scheduler
+
+
+def test_compiles_are_submitted_when_the_engine_admits_a_request(manager: Any) -> None:
+    """The compile starts at admission, not at the request's first sampling step: the
+    processor exists (its compile running) when ``_add_message`` returns, which does not
+    wait for it; the sampling step then uses that same processor. Free text and structural
+    tags (lmdeploy's own blocking compile) are left to the sampling step."""
+    formats = [fmt(slow_schema()), fmt(PERSON), {"type": "text"}]
+    t0 = time.perf_counter()
+    scheduler = admit(manager, list(zip((51, 52, 53), formats)))
+    admitted_s = time.perf_counter() - t0
+    seq_ids = [next(iter(scheduler.get_session(s).sequences.values())).seq_id
+               for s in (51, 52, 53)]
+    slow, quick = (manager.processors[s][q] for s, q in zip((51, 52), seq_ids))
+    assert type(slow).__name__ == type(quick).__name__ == "Processor"
+    assert 53 not in manager.processors
+    assert admitted_s < 1.0, admitted_s  # submitted; the slow compile runs for LIMIT_S
+    assert slow.request is None or not slow.request.ready
+    scores, _, _ = step(manager, [51, 52], formats[:2], torch.randn(2, VOCAB), seq_ids[:2])
+    assert manager.processors[51][seq_ids[0]] is slow  # the one submitted at admission
+    assert manager.processors[52][seq_ids[1]] is quick
+    assert allowed(scores[0]) == stop_ids()  # failed at its limit, alone
+    assert sorted(tokenizer().decode([t]) for t in allowed(scores[1])) == ["{", '{"']
+    for session in (51, 52):
+        manager.remove_processor(session)
+
+
+def test_admission_leaves_lmdeploys_own_manager_alone(manager: Any) -> None:
+    """With lmdeploy's own manager in the model agent (built while the backend was off),
+    our admission submits nothing."""
+    from lmdeploy.pytorch.engine.engine import Engine
+    from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
+
+    with plugin_off():
+        own = GuidedDecodingManager(tokenizer(), VOCAB)
+    assert hasattr(Engine.__dict__["_add_message"], "__wrapped__")  # ours is installed
+    admit(own, [(61, fmt(PERSON))])
+    assert own.processors == {}
 
 
 def test_a_bad_schema_fails_its_request_alone(manager: Any) -> None:

@@ -18,7 +18,8 @@ where no ``.pth`` file runs (a ``PYTHONPATH`` checkout).
 - **backend** (``PORTABLE_GUIDED_LMDEPLOY_BACKEND=1``): our
   :class:`~portable_guided.runtime.GrammarRuntime` behind ``GuidedDecodingManager``
   (:mod:`.backend`): compiles in worker processes under a hard limit, never on the event loop;
-  a failing schema fails its request alone; a rejected token fails its request.
+  a failing schema fails its request alone; a rejected token fails its request; a request's
+  compile is submitted when the engine admits it (``Engine._add_message``).
 
 Each takeover happens only when the source of every lmdeploy function it relies on matches a
 verified lmdeploy build (:mod:`.guard`); an unknown build is left alone with one warning. The
@@ -194,6 +195,7 @@ def _install_apply(name: str, build: str) -> None:
 
 
 def _install_backend(name: str, build: str) -> None:
+    from lmdeploy.pytorch.engine.engine import Engine
     from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
     from lmdeploy.pytorch.engine.logits_process import FusedLogitsProcessor
 
@@ -204,6 +206,7 @@ def _install_backend(name: str, build: str) -> None:
     original_fill = FusedLogitsProcessor.__dict__["_fill_guided_bitmask"]
     _replace(FusedLogitsProcessor, "_fill_guided_bitmask",
              backend.batched_fill(original_fill))
+    _replace(Engine, "_add_message", backend.admission(Engine.__dict__["_add_message"]))
 
 
 def _restore_from_canary(name: str) -> None:
@@ -224,9 +227,11 @@ def _restore(name: str) -> None:
         apply.TAKEOVER = None
         _put_back(GuidedDecodingManager, "apply_batched_bitmap")
         return
+    from lmdeploy.pytorch.engine.engine import Engine
     from lmdeploy.pytorch.engine.logits_process import FusedLogitsProcessor
 
     for owner, attr in list(_originals):
         if owner is GuidedDecodingManager and attr != "apply_batched_bitmap":
             _put_back(owner, attr)
     _put_back(FusedLogitsProcessor, "_fill_guided_bitmask")
+    _put_back(Engine, "_add_message")

@@ -8,8 +8,11 @@ limit, and drops xgrammar's ``False`` when a sampled token is rejected. With the
 - ``get_processor`` only hands the format to a thread that lowers it (JSON schemas through
   our lowering, in xgrammar's strict language as lmdeploy compiles them; regexes) and
   submits the compile to the runtime's worker processes, which kill a compile at the hard
-  limit; the event loop waits for neither. The compile starts when the manager first sees
-  the request (its first sampling step, right after its prefill forward);
+  limit; the event loop waits for neither. The compile is submitted when the engine admits
+  the request (``Engine._add_message``), so it runs while the request waits for its turn and
+  during its prefill forward, where the model agent runs in the engine's process (lmdeploy's
+  ``uni`` executor); with the multi-process executors (``mp``, ``ray``) the agent's manager
+  is in another process and the compile starts at the request's first sampling step;
 - the fill (``FusedLogitsProcessor._fill_guided_bitmask``, which lmdeploy runs in a thread
   with ``asyncio.to_thread``) waits for compiles still running, then fills every row of ours
   with one batched runtime call;
@@ -35,7 +38,7 @@ from typing import Any
 
 from .._settings import env_seconds
 
-__all__ = ["Processor", "batched_fill", "manager_methods", "spec_for"]
+__all__ = ["Processor", "admission", "batched_fill", "manager_methods", "spec_for"]
 
 logger = logging.getLogger("lmdeploy.plugins.portable_guided")
 
@@ -263,6 +266,37 @@ def manager_methods(original: Mapping[str, Any]) -> dict[str, Callable[..., Any]
 
     return {"__init__": __init__, "get_processor": get_processor_, "fill_bitmap": fill_bitmap_,
             "accept_token": accept_token_, "is_terminated": is_terminated_}
+
+
+def admission(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Engine._add_message`` that also submits the compile of each admitted request's
+    grammar (without waiting: :meth:`Processor.submit`), where the model agent and so its
+    ``GuidedDecodingManager`` are in this process. Structural tags are left to the sampling
+    step (lmdeploy's own compile blocks). A failure here is logged and leaves the request to
+    the sampling step, which reports it."""
+
+    def _add_message(self: Any, reqs: list[Any]) -> None:
+        original(self, reqs)
+        agent = getattr(getattr(self, "executor", None), "model_agent", None)
+        manager = getattr(agent, "guided_decoding_manager", None)
+        if getattr(manager, "_pg_runtime", None) is None:
+            return
+        for req in reqs:
+            try:
+                data = req.data
+                fmt = getattr(data.get("sampling_param"), "response_format", None)
+                if not isinstance(fmt, dict) or fmt.get("type", "text") in ("text",
+                                                                            "structural_tag"):
+                    continue
+                session = self.scheduler.get_session(data["session_id"])
+                for seq in ([] if session is None else list(session.sequences.values())):
+                    manager.get_processor(data["session_id"], seq.seq_id, fmt)
+            except Exception as exc:  # noqa: BLE001 - admission must go on
+                logger.warning("portable_guided could not submit a compile at admission "
+                               "(%s: %s); it starts at the first sampling step",
+                               type(exc).__name__, exc)
+
+    return _add_message
 
 
 def batched_fill(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -24,6 +24,7 @@ logger = logging.getLogger("lmdeploy.plugins.portable_guided")
 _GP = "lmdeploy.pytorch.engine.guided_process"
 _LP = "lmdeploy.pytorch.engine.logits_process"
 _SPEC = "lmdeploy.pytorch.spec_decode.guided_spec_helper"
+_ENGINE = "lmdeploy.pytorch.engine.engine"
 
 #: lmdeploy function name used in :data:`KNOWN` -> (module, qualified name).
 FUNCTIONS: dict[str, tuple[str, str]] = {
@@ -49,6 +50,7 @@ FUNCTIONS: dict[str, tuple[str, str]] = {
     "spec_accept_forked": (_SPEC, "GuidedSpecHelper._accept_forked_at_pos"),
     "spec_accept_draft": (_SPEC, "GuidedSpecHelper.accept_draft_tokens"),
     "spec_accept_rejection": (_SPEC, "GuidedSpecHelper.accept_rejection_sampled_tokens"),
+    "engine_add_message": (_ENGINE, "Engine._add_message"),
 }
 
 #: Takeover -> the functions it relies on.
@@ -59,7 +61,8 @@ FUNCTIONS: dict[str, tuple[str, str]] = {
 #: logits row, ``-1`` = all allowed).
 #: ``backend``: every ``GuidedDecodingManager`` method the runtime backend replaces, and every
 #: caller that drives them (the processor's construction, fill and accept; the speculative
-#: helper's fill, fork and accept paths).
+#: helper's fill, fork and accept paths), and ``Engine._add_message``, where a request's
+#: compile is submitted at admission.
 TAKEOVER_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "apply": ("apply_batched_bitmap", "allocate_batched_bitmap", "fill_bitmap", "fused_call",
               "fused_fill", "spec_apply_bitmask", "spec_apply_serial", "spec_prepare_bitmask",
@@ -94,6 +97,7 @@ KNOWN: dict[str, dict[str, str | None]] = {
         "spec_accept_forked": "734794b98f10fd41",
         "spec_accept_draft": "65e7d34daf0c07e3",
         "spec_accept_rejection": "d49f74b131ba9d68",
+        "engine_add_message": "3ecfd083ea074d8a",
     },
 }
 
