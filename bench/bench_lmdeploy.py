@@ -14,9 +14,18 @@ pass is left out (random logits). CUDA-only stub: ``FusedLogitsProcessor._wait_s
 **Apply per step** (``--apply``): ``GuidedDecodingManager.apply_batched_bitmap``, lmdeploy's
 own (xgrammar's CPU kernel) vs ours (``apply_token_mask``), B in 1-64, fp32 and bf16, masks
 99% blocked; interleaved rep by rep, each call on a fresh copy (not timed), medians, every
-result checked equal to lmdeploy's. Needs the lmdeploy-cpu lane's venv:
+result checked equal to lmdeploy's.
 
-    .venv-lmdeploy-cpu/bin/python bench/bench_lmdeploy.py --stalls --apply \
+**Speculative verification** (``--spec``): ``GuidedSpecHelper.apply_serial_bitmask`` per
+step, B requests (the first Github_medium schemas with a valid instance of at least 60
+tokens), 3 drafts a step taken from each instance (all accepted, then the bonus token), on
+``[B, 4, V]`` fp32 scores: lmdeploy's own (forked xgrammar matchers), ours through
+lmdeploy's fork path (a fork replays the request's tokens on a new request), ours through
+``Request.fill_draft_masks`` (the backend's). Same steps, modes interleaved step by step;
+our engine pinned to xgrammar; the two paths of ours checked equal at every step.
+Needs the lmdeploy-cpu lane's venv:
+
+    .venv-lmdeploy-cpu/bin/python bench/bench_lmdeploy.py --stalls --apply --spec \
         --json bench/results/lmdeploy_cpu.json
 """
 
@@ -41,13 +50,15 @@ sys.path.insert(0, str(REPO))
 VOCAB = 49152
 
 
-def _schemas(limit: int) -> list[dict[str, Any]]:
+def _schemas_path() -> Path:
     path = REPO.parent / "shared" / "data" / "maskbench" / "Github_medium.jsonl"
-    if not path.exists():
-        path = Path("/work/shared/data/maskbench/Github_medium.jsonl")
+    return path if path.exists() else Path("/work/shared/data/maskbench/Github_medium.jsonl")
+
+
+def _schemas(limit: int) -> list[dict[str, Any]]:
     from portable_guided.harness.generation import maskbench_items
 
-    return maskbench_items([str(path)], limit)
+    return maskbench_items([str(_schemas_path())], limit)
 
 
 async def _no_wait(self: Any) -> None:
@@ -171,6 +182,99 @@ def _stalls(mode: str, schemas: list[dict[str, Any]], live: int, limit: float) -
     }
 
 
+def _spec(batch: int, steps: int) -> dict[str, Any]:
+    import torch
+    from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
+    from lmdeploy.pytorch.spec_decode.guided_spec_helper import GuidedSpecHelper
+
+    from portable_guided.harness.maskbench import load_records
+    from portable_guided.integrations import lmdeploy as plugin
+    from tests.lmdeploy_plugin.support import tokenizer
+
+    tok = tokenizer()
+    plugin.unpatch()
+    os.environ["PORTABLE_GUIDED_LMDEPLOY_BACKEND"] = "1"
+    os.environ["PORTABLE_GUIDED_LMDEPLOY_ENGINE"] = "xgrammar"  # lmdeploy's masks exactly
+    plugin.register()
+    ours = GuidedDecodingManager(tok, VOCAB)
+    rows = []
+    # Instances the language takes whole (lmdeploy's xgrammar strict mode: declared
+    # properties only, in the schema's order), so every draft is accepted.
+    for rec in load_records([str(_schemas_path())]):
+        fmt = {"type": "json_schema", "json_schema": {"name": rec["id"], "schema": rec["schema"]}}
+        for test in rec.get("tests", []):
+            ids = tok.encode(json.dumps(test["data"]), add_special_tokens=False)
+            if not test["valid"] or len(ids) < 60:
+                continue
+            probe = ours.get_processor(-1, 0, fmt)
+            for t in ids:
+                ours.accept_token(probe, t)
+            ok = (probe.request is not None and not probe.request.failed
+                  and probe.request.num_rejected == 0)
+            ours.remove_processor(-1)
+            if ok:
+                rows.append((rec, ids))
+                break
+        if len(rows) == batch:
+            break
+    formats = [{"type": "json_schema", "json_schema": {"name": r["id"], "schema": r["schema"]}}
+               for r, _ in rows]
+
+    def ctx(first: int) -> list[dict[str, int]]:
+        return [{"session_id": first + i, "seq_id": 0} for i in range(len(rows))]
+
+    # lmdeploy's own manager and matchers are made while the plugin is off.
+    plugin.unpatch()
+    os.environ["PORTABLE_GUIDED_LMDEPLOY_BACKEND"] = "0"
+    own = GuidedDecodingManager(tok, VOCAB)
+    procs = {"lmdeploy": own.get_processors(ctx(900), formats)}
+    os.environ["PORTABLE_GUIDED_LMDEPLOY_BACKEND"] = "1"
+    plugin.register()
+    procs["ours_fork"] = ours.get_processors(ctx(1000), formats)
+    procs["ours_fill_draft_masks"] = ours.get_processors(ctx(1100), formats)
+    for p in [*procs["ours_fork"].values(), *procs["ours_fill_draft_masks"].values()]:
+        p.wait()
+    serial = GuidedSpecHelper.__dict__["apply_serial_bitmask"]
+    fork_path = serial.__wrapped__  # lmdeploy's own function, forking our processors
+    modes = {"lmdeploy": (own, fork_path), "ours_fork": (ours, fork_path),
+             "ours_fill_draft_masks": (ours, serial)}
+    times: dict[str, list[float]] = {name: [] for name in modes}
+    n = min(steps, min(len(ids) for _, ids in rows) // 4)
+    gen = torch.Generator().manual_seed(0)
+    differ_from_lmdeploy = 0
+    for step in range(n):
+        drafts = torch.tensor([ids[4 * step:4 * step + 3] for _, ids in rows])
+        bonus = torch.tensor([ids[4 * step + 3] for _, ids in rows])
+        scores = torch.randn(len(rows), 4, VOCAB, generator=gen)
+        results = {}
+        for name, (mgr, fn) in modes.items():
+            helper = GuidedSpecHelper(mgr)
+            mine = scores.clone()
+            t0 = time.perf_counter()
+            asyncio.run(fn(helper, mine, procs[name], drafts, 3))
+            times[name].append(time.perf_counter() - t0)
+            results[name] = mine
+            asyncio.run(helper.accept_rejection_sampled_tokens(
+                procs[name], torch.zeros(len(rows), dtype=torch.long), drafts, bonus, 3))
+        # The same engine and grammar: the two paths' masks must be equal. (lmdeploy's
+        # compile reads some schemas differently from our lowering: counted, not checked.)
+        if not torch.equal(results["ours_fork"], results["ours_fill_draft_masks"]):
+            raise AssertionError(f"step {step}: fill_draft_masks differs from the fork path")
+        differ_from_lmdeploy += not torch.equal(results["lmdeploy"], results["ours_fork"])
+    engine = ours._pg_runtime.engine
+    ours._pg_runtime.close()
+    plugin.unpatch()
+    os.environ["PORTABLE_GUIDED_LMDEPLOY_BACKEND"] = "0"
+    plugin.register()
+    return {"batch": len(rows), "steps": n, "drafts_per_step": 3, "our_engine": engine,
+            "schemas": [r["id"] for r, _ in rows],
+            "steps_where_lmdeploy_masks_differ": differ_from_lmdeploy,
+            "step_ms_p50": {k: round(statistics.median(v) * 1e3, 2) for k, v in times.items()},
+            "step_ms_last_quarter_p50": {
+                k: round(statistics.median(v[-max(1, n // 4):]) * 1e3, 2)
+                for k, v in times.items()}}
+
+
 def _masks(rows: int, vocab: int, blocked: float, seed: int) -> Any:
     import torch
 
@@ -233,6 +337,9 @@ def main() -> None:
     parser.add_argument("--limit", type=float, default=10.0, help="our compile limit (s)")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--batches", default="1,4,16,64")
+    parser.add_argument("--spec", action="store_true", help="speculative verification")
+    parser.add_argument("--spec-batch", type=int, default=8)
+    parser.add_argument("--spec-steps", type=int, default=60)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     import lmdeploy
@@ -263,6 +370,9 @@ def main() -> None:
         result["stalls"]["live_steps"] = args.live
     if args.apply:
         result["apply"] = _apply([int(b) for b in args.batches.split(",")], VOCAB, args.reps)
+    if args.spec:
+        result["spec"] = _spec(args.spec_batch, args.spec_steps)
+        print(json.dumps(result["spec"], indent=1), flush=True)
     result["load_average_1min_after"] = round(os.getloadavg()[0], 2)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

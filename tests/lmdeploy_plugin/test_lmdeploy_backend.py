@@ -262,21 +262,71 @@ def test_a_rejected_token_fails_its_request(manager: Any) -> None:
         assert bits.sum() > 1  # still the object's opening tokens, not a stop
 
 
-def test_speculative_fork_follows_the_same_grammar(manager: Any) -> None:
-    """``GuidedSpecHelper.apply_serial_bitmask`` forks our processors: the forks advance
-    by the draft tokens, the originals stay where they were."""
+def serial_masks(manager: Any, drafts_text: list[str], seed: int) -> torch.Tensor:
+    """lmdeploy's ``GuidedSpecHelper.apply_serial_bitmask`` (ours when the backend is on) on
+    ``[B, 4, V]`` scores: one row per draft text (its first 3 tokens are the drafts), PERSON
+    for every row but a free one in the middle."""
     from lmdeploy.pytorch.spec_decode.guided_spec_helper import GuidedSpecHelper
 
-    from tests.lmdeploy_plugin.test_lmdeploy_apply import _serial
+    tok = tokenizer()
+    helper = GuidedSpecHelper(manager)
+    formats = [fmt(PERSON), {"type": "text"}, fmt(PERSON)]
+    session_ctx = [{"session_id": 70 + i, "seq_id": i} for i in range(3)]
+    processors = helper.get_processors(session_ctx, formats)
+    drafts = torch.tensor([tok.encode(t, add_special_tokens=False)[:3] for t in drafts_text])
+    scores = torch.randn(3, 4, VOCAB, generator=torch.Generator().manual_seed(seed))
+    asyncio.run(helper.apply_serial_bitmask(scores, processors, drafts, 3))
+    for i in range(3):
+        manager.remove_processor(70 + i)
+    return scores
 
-    ours = _serial(manager, 3, torch.float32)
+
+def test_speculative_verification_masks_equal_lmdeploys_forks(manager: Any,
+                                                             monkeypatch: Any) -> None:
+    """Speculative verification: the masks of every draft position from
+    ``Request.fill_draft_masks`` (no fork), equal to lmdeploy's own forked xgrammar
+    matchers, with drafts the grammar allows and drafts it refuses at the second token
+    (``zz`` is no property of PERSON): positions past the refusal repeat its mask."""
+    from portable_guided.integrations.lmdeploy.backend import Processor
+
+    def no_fork(self: Any) -> Any:
+        raise AssertionError("verification forked a processor")
+
+    drafts = ['{"name": "Ann', "free text row", '{"zzz": 1}']
+    with monkeypatch.context() as mp:
+        mp.setattr(Processor, "fork", no_fork)
+        ours = serial_masks(manager, drafts, 3)
     with plugin_off():
         from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
 
         own = GuidedDecodingManager(tokenizer(), VOCAB)
-        theirs = _serial(own, 3, torch.float32)
+        theirs = serial_masks(own, drafts, 3)
     assert torch.equal(ours, theirs)
-    assert GuidedSpecHelper  # (the helper the serial path runs)
+    assert not torch.isinf(ours[1]).any()  # the free row
+    refused = [allowed(ours[2, pos]) for pos in range(4)]
+    assert refused[1] == refused[2] == refused[3] != refused[0]
+    assert len(allowed(ours[0, 3])) < VOCAB
+
+
+def test_draft_side_fork_advances_alone(manager: Any) -> None:
+    """The draft side forks (``proc.fork()`` in lmdeploy's spec agent): the fork advances by
+    the draft tokens, the original stays where it was."""
+    tok = tokenizer()
+    original = manager.get_processor(81, 0, fmt(PERSON))
+    for t in tok.encode('{"name', add_special_tokens=False):
+        manager.accept_token(original, t)
+    fork = original.fork()
+    for t in tok.encode('": "', add_special_tokens=False):
+        manager.accept_token(fork, t)
+    bitmask = manager.allocate_batched_bitmap(2)
+    manager.fill_bitmap(original, bitmask, 0)
+    manager.fill_bitmap(fork, bitmask, 1)
+    rows = torch.zeros(2, VOCAB)
+    manager.apply_batched_bitmap(rows, bitmask)
+    assert {tok.decode([t]) for t in allowed(rows[0])} >= {'":', '"'}  # still in the name
+    assert '":' not in {tok.decode([t]) for t in allowed(rows[1])}  # inside the value
+    assert original.tokens == tok.encode('{"name', add_special_tokens=False)
+    manager.remove_processor(81)
 
 
 def test_default_engine_constrains_each_row() -> None:

@@ -19,7 +19,8 @@ where no ``.pth`` file runs (a ``PYTHONPATH`` checkout).
   :class:`~portable_guided.runtime.GrammarRuntime` behind ``GuidedDecodingManager``
   (:mod:`.backend`): compiles in worker processes under a hard limit, never on the event loop;
   a failing schema fails its request alone; a rejected token fails its request; a request's
-  compile is submitted when the engine admits it (``Engine._add_message``).
+  compile is submitted when the engine admits it (``Engine._add_message``); speculative
+  verification fills each request's draft positions with ``Request.fill_draft_masks``.
 
 Each takeover happens only when the source of every lmdeploy function it relies on matches a
 verified lmdeploy build (:mod:`.guard`); an unknown build is left alone with one warning. The
@@ -198,6 +199,7 @@ def _install_backend(name: str, build: str) -> None:
     from lmdeploy.pytorch.engine.engine import Engine
     from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
     from lmdeploy.pytorch.engine.logits_process import FusedLogitsProcessor
+    from lmdeploy.pytorch.spec_decode.guided_spec_helper import GuidedSpecHelper
 
     from . import backend
 
@@ -207,6 +209,8 @@ def _install_backend(name: str, build: str) -> None:
     _replace(FusedLogitsProcessor, "_fill_guided_bitmask",
              backend.batched_fill(original_fill))
     _replace(Engine, "_add_message", backend.admission(Engine.__dict__["_add_message"]))
+    _replace(GuidedSpecHelper, "apply_serial_bitmask",
+             backend.serial_bitmask(GuidedSpecHelper.__dict__["apply_serial_bitmask"]))
 
 
 def _restore_from_canary(name: str) -> None:
@@ -229,9 +233,11 @@ def _restore(name: str) -> None:
         return
     from lmdeploy.pytorch.engine.engine import Engine
     from lmdeploy.pytorch.engine.logits_process import FusedLogitsProcessor
+    from lmdeploy.pytorch.spec_decode.guided_spec_helper import GuidedSpecHelper
 
     for owner, attr in list(_originals):
         if owner is GuidedDecodingManager and attr != "apply_batched_bitmap":
             _put_back(owner, attr)
     _put_back(FusedLogitsProcessor, "_fill_guided_bitmask")
     _put_back(Engine, "_add_message")
+    _put_back(GuidedSpecHelper, "apply_serial_bitmask")

@@ -20,14 +20,18 @@ limit, and drops xgrammar's ``False`` when a sampled token is rejected. With the
   its row allows only the stop tokens, so that sequence ends and the others go on;
 - a token the grammar rejects fails its request (fail closed, the runtime's ``terminate``
   policy): its later rows allow only the stop tokens;
-- the speculative helper's ``fork()`` gives a fresh request on the same compiled grammar
-  (a memory-cache hit) advanced by the same tokens.
+- speculative verification (``GuidedSpecHelper.apply_serial_bitmask``) fills the masks of
+  every draft position of a request with one ``Request.fill_draft_masks`` call (the drafts
+  accepted tentatively and rolled back) instead of forking; the draft side's ``fork()``
+  gives a fresh request on the same compiled grammar (a memory-cache hit) advanced by the
+  same tokens.
 
 Structural tags (xgrammar's native format) stay with lmdeploy's own compile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -38,7 +42,8 @@ from typing import Any
 
 from .._settings import env_seconds
 
-__all__ = ["Processor", "admission", "batched_fill", "manager_methods", "spec_for"]
+__all__ = ["Processor", "admission", "batched_fill", "manager_methods", "serial_bitmask",
+           "spec_for"]
 
 logger = logging.getLogger("lmdeploy.plugins.portable_guided")
 
@@ -327,3 +332,63 @@ def batched_fill(original: Callable[..., Any]) -> Callable[..., Any]:
             runtime.fill_bitmask(requests, guided_bitmask, rows=rows)
 
     return _fill_guided_bitmask
+
+
+def serial_bitmask(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``GuidedSpecHelper.apply_serial_bitmask`` for our processors: the masks of all
+    ``num_expand`` positions of a request from one ``Request.fill_draft_masks`` (positions
+    past a draft the grammar refuses repeat the mask where it was refused, as lmdeploy's
+    forks do), in one thread hop, then applied position by position as lmdeploy does. A
+    batch with an xgrammar matcher (a structural tag) keeps lmdeploy's own."""
+
+    import torch
+
+    async def apply_serial_bitmask(self: Any, scores_3d: Any, processors: dict[int, Any],
+                                   draft_token_ids: Any, num_spec_tokens: int) -> None:
+        manager = self.manager
+        if (not processors or manager is None
+                or not all(isinstance(p, Processor) for p in processors.values())):
+            await original(self, scores_3d, processors, draft_token_ids, num_spec_tokens)
+            return
+        batch, num_expand = int(scores_3d.size(0)), int(scores_3d.size(1))
+        drafts = draft_token_ids.cpu().tolist()
+        k = max(0, min(int(num_spec_tokens), num_expand - 1))
+        bitmask = _serial_buffer(manager, batch * num_expand)
+
+        def fill() -> None:
+            bitmask.fill_(-1)
+            rows = manager._pg_runtime.special_rows
+            for idx, processor in processors.items():
+                if processor.terminated:  # lmdeploy does not fork these: rows left free
+                    continue
+                processor.wait()
+                start = idx * num_expand
+                request = processor.request
+                if request is None:  # the format failed: its rows allow only stop tokens
+                    for pos in range(num_expand):
+                        rows.write(bitmask, start + pos, rows.stop_only)
+                    continue
+                request.fill_draft_masks(drafts[idx][:k], bitmask, start)
+                for pos in range(k + 1, num_expand):  # no draft left to accept
+                    bitmask[start + pos] = bitmask[start + k]
+
+        await asyncio.to_thread(fill)
+        masks = bitmask.view(batch, num_expand, -1)
+        with torch.inference_mode():  # the scores are inference-mode tensors
+            for pos in range(num_expand):
+                manager.apply_batched_bitmap(scores_3d[:, pos, :], masks[:, pos, :].contiguous())
+
+    return apply_serial_bitmask
+
+
+def _serial_buffer(manager: Any, rows: int) -> Any:
+    """The manager's bitmask for verification steps, ``rows`` rows (grown as needed, reused:
+    allocating it cost more than filling it). The spec agent awaits one step at a time."""
+    import torch
+
+    buffer = getattr(manager, "_pg_serial_buffer", None)
+    if buffer is None or buffer.shape[0] < rows:
+        words = manager._pg_runtime.special_rows.words
+        buffer = torch.empty((rows, words), dtype=torch.int32)
+        manager._pg_serial_buffer = buffer
+    return buffer[:rows]
