@@ -221,6 +221,51 @@ def test_admission_leaves_lmdeploys_own_manager_alone(manager: Any) -> None:
     assert own.processors == {}
 
 
+TOOL_TAG = {"type": "structural_tag", "format": {
+    "type": "triggered_tags", "triggers": ["<function="], "tags": [
+        {"type": "tag", "begin": "<function=get_weather>", "end": "</function>",
+         "content": {"type": "json_schema", "json_schema": {
+             "type": "object", "properties": {"city": {"type": "string"}},
+             "required": ["city"]}}}]}}
+
+
+def test_structural_tags_are_served_by_the_runtime(manager: Any) -> None:
+    """A structural tag of triggered tool calls (xgrammar's ``triggered_tags``) is compiled
+    by the runtime (off the loop, under the limit), its masks equal to lmdeploy's own
+    xgrammar matcher at every token of a text with a tool call (free text, the forced tag,
+    the arguments); one with ``stop_after_first`` stays with lmdeploy's compile."""
+    from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
+
+    from portable_guided.integrations.lmdeploy.backend import Processor
+
+    tok = tokenizer()
+    text = 'Let me check. <function=get_weather>{"city": "Paris"}</function> Done.'
+    ids = tok.encode(text, add_special_tokens=False)
+    ours = manager.get_processor(91, 0, TOOL_TAG)
+    assert isinstance(ours, Processor)
+    with plugin_off():
+        own = GuidedDecodingManager(tok, VOCAB)
+        theirs = own.get_processor(91, 0, TOOL_TAG)
+        masks = []
+        for t in ids:
+            mask = own.allocate_batched_bitmap(1)
+            own.fill_bitmap(theirs, mask, 0)
+            masks.append(mask)
+            own.accept_token(theirs, t)
+    constrained = 0
+    for t, expected in zip(ids, masks):
+        mask = manager.allocate_batched_bitmap(1)
+        manager.fill_bitmap(ours, mask, 0)
+        assert torch.equal(mask, expected)
+        constrained += bool((mask != -1).any())
+        manager.accept_token(ours, t)
+    assert not ours.request.failed and constrained >= 5  # the tag and its arguments
+    manager.remove_processor(91)
+    other = {**TOOL_TAG, "format": {**TOOL_TAG["format"], "stop_after_first": True}}
+    assert not isinstance(manager.get_processor(92, 0, other), Processor)
+    manager.remove_processor(92)
+
+
 def test_a_bad_schema_fails_its_request_alone(manager: Any) -> None:
     formats = [fmt({"type": "object", "properties": {"a": {"type": "nonsense"}}}), fmt(PERSON)]
     scores, _, _ = step(manager, [31, 32], formats, torch.randn(2, VOCAB))

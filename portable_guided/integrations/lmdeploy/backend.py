@@ -26,7 +26,9 @@ limit, and drops xgrammar's ``False`` when a sampled token is rejected. With the
   gives a fresh request on the same compiled grammar (a memory-cache hit) advanced by the
   same tokens.
 
-Structural tags (xgrammar's native format) stay with lmdeploy's own compile.
+Structural tags of triggered tool calls (xgrammar's ``triggered_tags`` around JSON schemas,
+without ``at_least_one``, ``stop_after_first`` or ``excludes``) are served by the runtime;
+other structural-tag formats stay with lmdeploy's own compile.
 """
 
 from __future__ import annotations
@@ -50,23 +52,71 @@ logger = logging.getLogger("lmdeploy.plugins.portable_guided")
 
 def spec_for(response_format: Mapping[str, Any]) -> Any:
     """The runtime's :class:`~portable_guided.runtime.GrammarSpec` for one lmdeploy
-    ``response_format``, or None for a kind the backend leaves to lmdeploy (structural
-    tags). Raises the spec error (``GrammarError``, ``ValueError``) of a bad format."""
+    ``response_format``, or None for a kind the backend leaves to lmdeploy (structural tags
+    other than :func:`_triggered_tags`). Raises the spec error (``GrammarError``,
+    ``ValueError``) of a bad format."""
     from lmdeploy._guided_decoding import _grammar_source
 
-    from ...json_schema.strict import xgrammar_strict_schema
     from ...runtime import GrammarSpec
 
     kind, source = _grammar_source(dict(response_format))
     if kind == "json_schema":
-        try:
-            text = json.dumps(xgrammar_strict_schema(json.loads(source)), ensure_ascii=False)
-        except (ValueError, RecursionError):
-            text = source  # not JSON, or too deep: GrammarSpec says which
-        return GrammarSpec.json_schema(text)
+        return GrammarSpec.json_schema(_strict_text(source))
     if kind == "regex_schema":
         return GrammarSpec.regex(source)
+    tags = _triggered_tags(response_format) if kind == "structural_tag" else None
+    if tags is not None:
+        return GrammarSpec.structural_tag(
+            [{"begin": begin, "schema": json.loads(_strict_text(json.dumps(schema))),
+              "end": end} for begin, schema, end in tags[0]], tags[1])
     return None
+
+
+def _triggered_tags(response_format: Mapping[str, Any],
+                    ) -> tuple[list[tuple[str, Any, str]], list[str]] | None:
+    """``([(begin, schema, end), ...], triggers)`` of a structural tag the runtime serves:
+    xgrammar's ``triggered_tags`` format with plain string tags around JSON schemas, no
+    ``at_least_one``, ``stop_after_first`` or ``excludes`` (the language of the runtime's
+    ``structural_tag``, and of xgrammar's legacy form it converts from), or the legacy
+    ``structures``/``triggers`` form itself. None for anything else, which stays with
+    lmdeploy's own compile."""
+    if response_format.get("type") != "structural_tag":
+        return None
+    if "format" not in response_format:
+        structures, triggers = response_format.get("structures"), response_format.get(
+            "triggers")
+        if not isinstance(structures, list) or not isinstance(triggers, list):
+            return None
+        try:
+            return [(s["begin"], s["schema"], s["end"]) for s in structures], triggers
+        except (KeyError, TypeError):
+            return None
+    fmt = response_format["format"]
+    if (not isinstance(fmt, dict) or fmt.get("type") != "triggered_tags"
+            or fmt.get("at_least_one") or fmt.get("stop_after_first") or fmt.get("excludes")
+            or not isinstance(fmt.get("triggers"), list)
+            or not isinstance(fmt.get("tags"), list)):
+        return None
+    tags = []
+    for tag in fmt["tags"]:
+        content = tag.get("content") if isinstance(tag, dict) else None
+        if (not isinstance(content, dict) or tag.get("type", "tag") != "tag"
+                or content.get("type") != "json_schema"
+                or content.get("style", "json") != "json"
+                or not isinstance(tag.get("begin"), str) or not isinstance(tag.get("end"), str)):
+            return None
+        tags.append((tag["begin"], content.get("json_schema"), tag["end"]))
+    return tags, fmt["triggers"]
+
+
+def _strict_text(source: str) -> str:
+    """A JSON schema's text in xgrammar's strict reading, as lmdeploy compiles it."""
+    from ...json_schema.strict import xgrammar_strict_schema
+
+    try:
+        return json.dumps(xgrammar_strict_schema(json.loads(source)), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return source  # not JSON, or too deep: GrammarSpec says which
 
 
 class Processor:
@@ -227,7 +277,7 @@ def _runtime_for(manager: Any, tokenizer: Any) -> Any:
 
 def manager_methods(original: Mapping[str, Any]) -> dict[str, Callable[..., Any]]:
     """Our ``GuidedDecodingManager`` methods, given lmdeploy's (the class ``__dict__``);
-    xgrammar matchers (structural tags) keep lmdeploy's own."""
+    xgrammar matchers (other structural tags) keep lmdeploy's own."""
     init = original["__init__"]
     get_processor = original["get_processor"]
     fill_bitmap = original["fill_bitmap"]
@@ -246,7 +296,8 @@ def manager_methods(original: Mapping[str, Any]) -> dict[str, Callable[..., Any]
         known = self.processors.get(session_id, {}).get(seq_id)
         if known is not None:
             return known
-        if response_format.get("type") == "structural_tag":  # lmdeploy's own compile
+        if (response_format.get("type") == "structural_tag"
+                and _triggered_tags(response_format) is None):  # lmdeploy's own compile
             return get_processor(self, session_id, seq_id, response_format)
         processor = Processor.submit(self, response_format)
         self.processors.setdefault(session_id, {})[seq_id] = processor
@@ -276,8 +327,8 @@ def manager_methods(original: Mapping[str, Any]) -> dict[str, Callable[..., Any]
 def admission(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Engine._add_message`` that also submits the compile of each admitted request's
     grammar (without waiting: :meth:`Processor.submit`), where the model agent and so its
-    ``GuidedDecodingManager`` are in this process. Structural tags are left to the sampling
-    step (lmdeploy's own compile blocks). A failure here is logged and leaves the request to
+    ``GuidedDecodingManager`` are in this process. Structural tags the runtime does not serve
+    are left to the sampling step (lmdeploy's own compile blocks). A failure here is logged and leaves the request to
     the sampling step, which reports it."""
 
     def _add_message(self: Any, reqs: list[Any]) -> None:
@@ -290,8 +341,9 @@ def admission(original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 data = req.data
                 fmt = getattr(data.get("sampling_param"), "response_format", None)
-                if not isinstance(fmt, dict) or fmt.get("type", "text") in ("text",
-                                                                            "structural_tag"):
+                if (not isinstance(fmt, dict) or fmt.get("type", "text") == "text"
+                        or (fmt.get("type") == "structural_tag"
+                            and _triggered_tags(fmt) is None)):
                     continue
                 session = self.scheduler.get_session(data["session_id"])
                 for seq in ([] if session is None else list(session.sequences.values())):
@@ -339,7 +391,8 @@ def serial_bitmask(original: Callable[..., Any]) -> Callable[..., Any]:
     ``num_expand`` positions of a request from one ``Request.fill_draft_masks`` (positions
     past a draft the grammar refuses repeat the mask where it was refused, as lmdeploy's
     forks do), in one thread hop, then applied position by position as lmdeploy does. A
-    batch with an xgrammar matcher (a structural tag) keeps lmdeploy's own."""
+    batch with an xgrammar matcher (another structural tag) keeps lmdeploy's
+    own."""
 
     import torch
 
