@@ -19,9 +19,10 @@ result checked equal to lmdeploy's.
 **Speculative verification** (``--spec``): ``GuidedSpecHelper.apply_serial_bitmask`` per
 step, B requests (the first Github_medium schemas with a valid instance of at least 60
 tokens), 3 drafts a step taken from each instance (all accepted, then the bonus token), on
-``[B, 4, V]`` fp32 scores: lmdeploy's own (forked xgrammar matchers), ours through
-lmdeploy's fork path (a fork replays the request's tokens on a new request), ours through
-``Request.fill_draft_masks`` (the backend's). Same steps, modes interleaved step by step;
+``[B, 4, V]`` fp32 scores: lmdeploy's own (forked xgrammar matchers, a thread hop per
+position for the fill and another for the accept), ours through that same per-position path
+(our forks: each mask from ``fill_draft_masks`` on the original request), ours through one
+``Request.fill_draft_masks`` per request for all positions (the backend's). Same steps, modes interleaved step by step;
 our engine pinned to xgrammar; the two paths of ours checked equal at every step.
 Needs the lmdeploy-cpu lane's venv:
 

@@ -353,25 +353,50 @@ def test_speculative_verification_masks_equal_lmdeploys_forks(manager: Any,
     assert len(allowed(ours[0, 3])) < VOCAB
 
 
-def test_draft_side_fork_advances_alone(manager: Any) -> None:
-    """The draft side forks (``proc.fork()`` in lmdeploy's spec agent): the fork advances by
-    the draft tokens, the original stays where it was."""
+@pytest.mark.parametrize("drafts", ['": "Ann', 'zz": 1'], ids=["allowed", "refused"])
+def test_draft_side_forks_equal_lmdeploys_and_copy_nothing(manager: Any, drafts: str,
+                                                           monkeypatch: Any) -> None:
+    """The draft side forks (``proc.fork()`` in lmdeploy's spec agent) and accepts draft
+    tokens on the forks: each fork's masks equal lmdeploy's own forked xgrammar matcher's,
+    with drafts the grammar allows and drafts it refuses (the fork stays where it was),
+    the original is not advanced, and forking makes no new request (nothing replayed)."""
+    from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
+
     tok = tokenizer()
-    original = manager.get_processor(81, 0, fmt(PERSON))
-    for t in tok.encode('{"name', add_special_tokens=False):
-        manager.accept_token(original, t)
-    fork = original.fork()
-    for t in tok.encode('": "', add_special_tokens=False):
-        manager.accept_token(fork, t)
-    bitmask = manager.allocate_batched_bitmap(2)
-    manager.fill_bitmap(original, bitmask, 0)
-    manager.fill_bitmap(fork, bitmask, 1)
-    rows = torch.zeros(2, VOCAB)
-    manager.apply_batched_bitmap(rows, bitmask)
-    assert {tok.decode([t]) for t in allowed(rows[0])} >= {'":', '"'}  # still in the name
-    assert '":' not in {tok.decode([t]) for t in allowed(rows[1])}  # inside the value
-    assert original.tokens == tok.encode('{"name', add_special_tokens=False)
-    manager.remove_processor(81)
+    prefix = tok.encode('{"name', add_special_tokens=False)
+    draft_ids = tok.encode(drafts, add_special_tokens=False)[:3]
+
+    def walk(mgr: Any) -> list[torch.Tensor]:
+        original = mgr.get_processor(81, 0, fmt(PERSON))
+        for t in prefix:
+            mgr.accept_token(original, t)
+        fork = original.fork()
+        masks = []
+        for t in [*draft_ids, None]:
+            bitmask = mgr.allocate_batched_bitmap(2)
+            mgr.fill_bitmap(fork, bitmask, 0)
+            mgr.fill_bitmap(original, bitmask, 1)
+            masks.append(bitmask)
+            if t is not None:
+                mgr.accept_token(fork, t)
+                fork = fork.fork()  # a fork of a fork keeps its drafts
+        mgr.remove_processor(81)
+        return masks
+
+    def no_request(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a fork made a new request")
+
+    manager.get_processor(81, 0, fmt(PERSON)).wait()
+    with monkeypatch.context() as mp:
+        mp.setattr(manager._pg_runtime, "new_request", no_request)
+        ours = walk(manager)
+    with plugin_off():
+        own = GuidedDecodingManager(tok, VOCAB)
+        theirs = walk(own)
+    for mine, expected in zip(ours, theirs):
+        assert torch.equal(mine, expected)
+    assert all(torch.equal(m[1], ours[0][1]) for m in ours)  # the original stays
+    assert not torch.equal(ours[0][0], ours[-1][0])  # the fork moved
 
 
 def test_default_engine_constrains_each_row() -> None:

@@ -22,9 +22,9 @@ limit, and drops xgrammar's ``False`` when a sampled token is rejected. With the
   policy): its later rows allow only the stop tokens;
 - speculative verification (``GuidedSpecHelper.apply_serial_bitmask``) fills the masks of
   every draft position of a request with one ``Request.fill_draft_masks`` call (the drafts
-  accepted tentatively and rolled back) instead of forking; the draft side's ``fork()``
-  gives a fresh request on the same compiled grammar (a memory-cache hit) advanced by the
-  same tokens.
+  accepted tentatively and rolled back) instead of forking; the draft side's ``fork()`` is a
+  :class:`DraftFork`, whose rows come from ``fill_draft_masks`` on the original request
+  (nothing copied or replayed).
 
 Structural tags of triggered tool calls (xgrammar's ``triggered_tags`` around JSON schemas,
 without ``at_least_one``, ``stop_after_first`` or ``excludes``) are served by the runtime;
@@ -42,9 +42,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+import numpy as np
+
 from .._settings import env_seconds
 
-__all__ = ["Processor", "admission", "batched_fill", "manager_methods", "serial_bitmask",
+__all__ = ["DraftFork", "Processor", "admission", "batched_fill", "manager_methods", "serial_bitmask",
            "spec_for"]
 
 logger = logging.getLogger("lmdeploy.plugins.portable_guided")
@@ -221,20 +223,63 @@ class Processor:
         return request is not None and bool(request.is_terminated)
 
     def fork(self) -> Processor:
-        """A copy in the same state (the speculative helper forks before verifying drafts):
-        a new request on the same compiled grammar (a memory-cache hit), advanced by the
-        same tokens."""
+        """A copy in the same state, for the speculative draft side (lmdeploy's spec agent
+        forks before drafting): a :class:`DraftFork` on this request, nothing copied."""
+        return DraftFork(self, [])
+
+
+class DraftFork(Processor):
+    """A fork of a :class:`Processor` for the draft side: the original's request and draft
+    tokens of its own. Its row is the original's mask after those drafts, from
+    ``Request.fill_draft_masks`` (accepted tentatively, then rolled back), so forking costs
+    nothing, however long the output (a copied request would replay every token). A draft
+    the grammar refuses is skipped, as an xgrammar matcher's fork skips it."""
+
+    def __init__(self, base: Processor, drafts: list[int]) -> None:
+        super().__init__(base.manager, base._pending, base.tokens)
+        self.reported = True  # the original reports a failure, once
+        self.base = base
+        self.drafts = drafts  # the accepted ones only
+        self._row: np.ndarray | None = None  # the mask after them, once computed
+
+    def _mask(self) -> np.ndarray | None:
+        """The mask after the drafts (None without a compiled grammar)."""
         self.wait()
-        if self.request is None:
-            return Processor(self.manager, self._pending, list(self.tokens))
-        spec = self._pending.result()[0]
-        request = self.runtime.new_request(spec, on_error="terminate")
-        request.wait(self.manager._pg_wait_s)
-        for token in self.tokens:
-            request.accept(token)
-        done: Future[tuple[Any, Any]] = Future()
-        done.set_result((spec, request))
-        return Processor(self.manager, done, list(self.tokens))
+        request = self.request
+        if request is None:
+            return None
+        if self._row is None:
+            k = len(self.drafts)
+            scratch = np.empty((k + 1, self.runtime.special_rows.words), dtype=np.int32)
+            request.fill_draft_masks(self.drafts, scratch)
+            self._row = scratch[k]
+        return self._row
+
+    def fill(self, bitmask: Any, row: int) -> None:
+        mask = self._mask()
+        if mask is None or not self.drafts:
+            super().fill(bitmask, row)
+        elif isinstance(bitmask, np.ndarray):
+            bitmask[row] = mask
+        else:  # lmdeploy's Torch bitmask
+            import torch
+
+            bitmask[row] = torch.from_numpy(mask)
+
+    def accept(self, token: int) -> None:
+        mask = self._mask()
+        token = int(token)
+        if mask is not None and 0 <= token < 32 * mask.shape[0] and (
+                int(mask[token >> 5]) >> (token & 31)) & 1:
+            self.drafts.append(token)
+            self._row = None
+
+    @property
+    def terminated(self) -> bool:
+        return self.base.terminated
+
+    def fork(self) -> Processor:
+        return DraftFork(self.base, list(self.drafts))
 
 
 def warm(runtime: Any) -> None:
@@ -388,9 +433,12 @@ def batched_fill(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def serial_bitmask(original: Callable[..., Any]) -> Callable[..., Any]:
     """``GuidedSpecHelper.apply_serial_bitmask`` for our processors: the masks of all
-    ``num_expand`` positions of a request from one ``Request.fill_draft_masks`` (positions
-    past a draft the grammar refuses repeat the mask where it was refused, as lmdeploy's
-    forks do), in one thread hop, then applied position by position as lmdeploy does. A
+    ``num_expand`` positions of a request from one ``Request.fill_draft_masks``, in one
+    thread hop, then applied position by position as lmdeploy does. Positions past a draft
+    the grammar refuses get the mask where it was refused (lmdeploy's forks skip that draft
+    and go on with the next ones): rejection sampling discards them either way, since the
+    masked target gives a refused draft probability 0, so it and every later draft are
+    rejected. A
     batch with an xgrammar matcher (another structural tag) keeps lmdeploy's
     own."""
 
