@@ -232,12 +232,19 @@ def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, 
             if warm_wait_s is not None:
                 row["warm_engine"] = walker.settle(spec, warm_wait_s)
                 row["warm_valid_rejected"] = 0
+                first = len(warm_times)
                 for test in rec.get("tests", []):
                     if test["valid"]:
                         ids = info.encode(json.dumps(test["data"], indent=None,
                                                      ensure_ascii=False))
                         row["warm_valid_rejected"] += not walker.walk(spec, compiled, ids, bm,
                                                                       warm_times)
+                # Which schemas make the tail: their slowest warm mask, and how many
+                # took over 100 us.
+                mine = warm_times[first:]
+                if mine:
+                    row["warm_mask_us_max"] = round(max(mine) * 1e6, 1)
+                    row["warm_masks_over_100us"] = sum(t > 100e-6 for t in mine)
             if progress is not None:
                 progress(row)
     finally:

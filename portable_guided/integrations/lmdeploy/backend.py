@@ -379,8 +379,8 @@ def admission(original: Callable[..., Any]) -> Callable[..., Any]:
     def _add_message(self: Any, reqs: list[Any]) -> None:
         original(self, reqs)
         agent = getattr(getattr(self, "executor", None), "model_agent", None)
-        manager = getattr(agent, "guided_decoding_manager", None)
-        if getattr(manager, "_pg_runtime", None) is None:
+        manager: Any = getattr(agent, "guided_decoding_manager", None)
+        if manager is None or getattr(manager, "_pg_runtime", None) is None:
             return
         for req in reqs:
             try:
