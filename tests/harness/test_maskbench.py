@@ -50,10 +50,28 @@ def test_raw_modes_call_the_libraries_on_the_users_schema():
     ]
     ok = {mode: [(r["valid_ok"], r["invalid_ok"]) for r in
                  run_mode(mode, records, info, timeout_s=20)["per_schema"]]
-          for mode in ("raw:xgrammar", "raw:llguidance", "runtime:auto")}
+          for mode in ("raw:xgrammar", "raw:llguidance", "runtime:auto", "race:auto")}
     assert ok["raw:xgrammar"] == [(0, 0), (1, 0)]  # strict; 3 (both branches) accepted
     assert ok["raw:llguidance"] == [(1, 0), (0, 0)]  # oneOf refused without coerce_one_of
-    assert ok["runtime:auto"] == [(1, 0), (1, 1)]
+    assert ok["runtime:auto"] == ok["race:auto"] == [(1, 0), (1, 1)]
+
+
+def test_warm_pass_records_each_schemas_slowest_masks():
+    """With a warm pass, each schema's row says which engine served it then, its slowest
+    warm mask and how many took over 100 us (what makes the tail)."""
+    from portable_guided.harness.maskbench import run_mode
+    from portable_guided.runtime import load_tokenizer_info
+
+    info = load_tokenizer_info("smollm2")
+    records = [{"id": "obj", "schema": {"type": "object", "properties": {
+        "a": {"type": "integer"}}}, "tests": [{"valid": True, "data": {"a": 12}}]}]
+    result = run_mode("runtime:auto", records, info, timeout_s=20, warm_wait_s=5)
+    row = result["per_schema"][0]
+    walked = len(result["warm_mask_times"])
+    assert walked == len(info.encode('{"a": 12}')) + 1
+    assert row["warm_mask_us_max"] == round(max(result["warm_mask_times"]) * 1e6, 1)
+    assert row["warm_masks_over_100us"] == sum(t > 100e-6 for t in result["warm_mask_times"])
+    assert row["warm_engine"] in ("xgrammar", "llguidance")
 
 
 def test_bad_arguments(tmp_path, capsys):
