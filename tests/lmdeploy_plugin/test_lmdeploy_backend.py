@@ -399,6 +399,16 @@ def test_draft_side_forks_equal_lmdeploys_and_copy_nothing(manager: Any, drafts:
     assert not torch.equal(ours[0][0], ours[-1][0])  # the fork moved
 
 
+def test_a_draft_fork_used_after_its_original_advanced_raises(manager: Any) -> None:
+    tok = tokenizer()
+    original = manager.get_processor(82, 0, fmt(PERSON))
+    fork = original.fork()
+    manager.accept_token(original, tok.encode("{", add_special_tokens=False)[0])
+    with pytest.raises(RuntimeError, match="after its original advanced"):
+        manager.fill_bitmap(fork, manager.allocate_batched_bitmap(1), 0)
+    manager.remove_processor(82)
+
+
 def test_default_engine_constrains_each_row() -> None:
     """(Last in the file: it loads the plugin afresh, which ends the module manager's.)
     The backend's default engine (``auto``; this lane's conftest pins ``xgrammar`` for

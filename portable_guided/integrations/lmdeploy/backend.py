@@ -233,17 +233,26 @@ class DraftFork(Processor):
     tokens of its own. Its row is the original's mask after those drafts, from
     ``Request.fill_draft_masks`` (accepted tentatively, then rolled back), so forking costs
     nothing, however long the output (a copied request would replay every token). A draft
-    the grammar refuses is skipped, as an xgrammar matcher's fork skips it."""
+    the grammar refuses is skipped, as an xgrammar matcher's fork skips it.
+
+    A fork is valid while its original does not advance (lmdeploy's spec agent forks each
+    step before drafting and drops the forks before the originals accept); used after that,
+    it raises rather than answer from the wrong state."""
 
     def __init__(self, base: Processor, drafts: list[int]) -> None:
         super().__init__(base.manager, base._pending, base.tokens)
         self.reported = True  # the original reports a failure, once
         self.base = base
         self.drafts = drafts  # the accepted ones only
+        self._at = len(base.tokens)  # the original's position when forked
         self._row: np.ndarray | None = None  # the mask after them, once computed
 
     def _mask(self) -> np.ndarray | None:
         """The mask after the drafts (None without a compiled grammar)."""
+        if len(self.base.tokens) != self._at:
+            raise RuntimeError(
+                f"portable_guided: a draft fork taken at token {self._at} was used after its "
+                f"original advanced to token {len(self.base.tokens)}")
         self.wait()
         request = self.request
         if request is None:
@@ -279,7 +288,9 @@ class DraftFork(Processor):
         return self.base.terminated
 
     def fork(self) -> Processor:
-        return DraftFork(self.base, list(self.drafts))
+        fork = DraftFork(self.base, list(self.drafts))
+        fork._at = self._at
+        return fork
 
 
 def warm(runtime: Any) -> None:
