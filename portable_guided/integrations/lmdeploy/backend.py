@@ -46,8 +46,8 @@ import numpy as np
 
 from .._settings import env_seconds
 
-__all__ = ["DraftFork", "Processor", "admission", "batched_fill", "manager_methods", "serial_bitmask",
-           "spec_for"]
+__all__ = ["DraftFork", "Processor", "admission", "batched_fill", "manager_methods",
+           "serial_bitmask", "spec_for"]
 
 logger = logging.getLogger("lmdeploy.plugins.portable_guided")
 
@@ -72,6 +72,14 @@ def spec_for(response_format: Mapping[str, Any]) -> Any:
             [{"begin": begin, "schema": json.loads(_strict_text(json.dumps(schema))),
               "end": end} for begin, schema, end in tags[0]], tags[1])
     return None
+
+
+def _served(response_format: Mapping[str, Any]) -> bool:
+    """Whether the runtime takes this format: anything but free text and the structural
+    tags :func:`_triggered_tags` does not read (those stay with lmdeploy's own compile)."""
+    kind = response_format.get("type", "text")
+    return kind != "text" and (kind != "structural_tag"
+                               or _triggered_tags(response_format) is not None)
 
 
 def _triggered_tags(response_format: Mapping[str, Any],
@@ -225,7 +233,7 @@ class Processor:
     def fork(self) -> Processor:
         """A copy in the same state, for the speculative draft side (lmdeploy's spec agent
         forks before drafting): a :class:`DraftFork` on this request, nothing copied."""
-        return DraftFork(self, [])
+        return DraftFork(self, [], len(self.tokens))
 
 
 class DraftFork(Processor):
@@ -239,12 +247,12 @@ class DraftFork(Processor):
     step before drafting and drops the forks before the originals accept); used after that,
     it raises rather than answer from the wrong state."""
 
-    def __init__(self, base: Processor, drafts: list[int]) -> None:
+    def __init__(self, base: Processor, drafts: list[int], at: int) -> None:
         super().__init__(base.manager, base._pending, base.tokens)
         self.reported = True  # the original reports a failure, once
         self.base = base
         self.drafts = drafts  # the accepted ones only
-        self._at = len(base.tokens)  # the original's position when forked
+        self._at = at  # the original's position when forked
         self._row: np.ndarray | None = None  # the mask after them, once computed
 
     def _mask(self) -> np.ndarray | None:
@@ -288,9 +296,7 @@ class DraftFork(Processor):
         return self.base.terminated
 
     def fork(self) -> Processor:
-        fork = DraftFork(self.base, list(self.drafts))
-        fork._at = self._at
-        return fork
+        return DraftFork(self.base, list(self.drafts), self._at)
 
 
 def warm(runtime: Any) -> None:
@@ -352,8 +358,7 @@ def manager_methods(original: Mapping[str, Any]) -> dict[str, Callable[..., Any]
         known = self.processors.get(session_id, {}).get(seq_id)
         if known is not None:
             return known
-        if (response_format.get("type") == "structural_tag"
-                and _triggered_tags(response_format) is None):  # lmdeploy's own compile
+        if not _served(response_format):  # lmdeploy's own compile
             return get_processor(self, session_id, seq_id, response_format)
         processor = Processor.submit(self, response_format)
         self.processors.setdefault(session_id, {})[seq_id] = processor
@@ -384,8 +389,8 @@ def admission(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Engine._add_message`` that also submits the compile of each admitted request's
     grammar (without waiting: :meth:`Processor.submit`), where the model agent and so its
     ``GuidedDecodingManager`` are in this process. Structural tags the runtime does not serve
-    are left to the sampling step (lmdeploy's own compile blocks). A failure here is logged and leaves the request to
-    the sampling step, which reports it."""
+    are left to the sampling step (lmdeploy's own compile blocks). A failure here is logged
+    and leaves the request to the sampling step, which reports it."""
 
     def _add_message(self: Any, reqs: list[Any]) -> None:
         original(self, reqs)
@@ -397,9 +402,7 @@ def admission(original: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 data = req.data
                 fmt = getattr(data.get("sampling_param"), "response_format", None)
-                if (not isinstance(fmt, dict) or fmt.get("type", "text") == "text"
-                        or (fmt.get("type") == "structural_tag"
-                            and _triggered_tags(fmt) is None)):
+                if not isinstance(fmt, dict) or not _served(fmt):
                     continue
                 session = self.scheduler.get_session(data["session_id"])
                 for seq in ([] if session is None else list(session.sequences.values())):
@@ -449,10 +452,8 @@ def serial_bitmask(original: Callable[..., Any]) -> Callable[..., Any]:
     the grammar refuses get the mask where it was refused (lmdeploy's forks skip that draft
     and go on with the next ones): rejection sampling discards them either way, since the
     masked target gives a refused draft probability 0, so it and every later draft are
-    rejected. A
-    batch with an xgrammar matcher (another structural tag) keeps lmdeploy's
+    rejected. A batch with an xgrammar matcher (another structural tag) keeps lmdeploy's
     own."""
-
     import torch
 
     async def apply_serial_bitmask(self: Any, scores_3d: Any, processors: dict[int, Any],
@@ -469,7 +470,6 @@ def serial_bitmask(original: Callable[..., Any]) -> Callable[..., Any]:
 
         def fill() -> None:
             bitmask.fill_(-1)
-            rows = manager._pg_runtime.special_rows
             for idx, processor in processors.items():
                 if processor.terminated:  # lmdeploy does not fork these: rows left free
                     continue
@@ -478,7 +478,7 @@ def serial_bitmask(original: Callable[..., Any]) -> Callable[..., Any]:
                 request = processor.request
                 if request is None:  # the format failed: its rows allow only stop tokens
                     for pos in range(num_expand):
-                        rows.write(bitmask, start + pos, rows.stop_only)
+                        processor.fill(bitmask, start + pos)
                     continue
                 request.fill_draft_masks(drafts[idx][:k], bitmask, start)
                 for pos in range(k + 1, num_expand):  # no draft left to accept
