@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -85,6 +87,11 @@ UPGRADE_ENGINE = "xgrammar"
 #: The longest an upgrade's compile may take (in a worker, killed past it): a spec whose
 #: compile takes longer keeps its grammar (xgrammar compiles some open objects in seconds).
 UPGRADE_LIMIT_S = 1.0
+
+#: The niceness of the thread that compiles an upgrade's grammar in this process (the
+#: worker's compile runs at the long lane's, the same).
+UPGRADE_NICE = 10
+
 #: Upgrade outcomes remembered, so that each spec is tried once (the oldest forgotten).
 _UPGRADES_KEPT = 4096
 
@@ -199,7 +206,10 @@ class CompileService:
                          and UPGRADE_ENGINE in self.order[1:])
         #: Spec key -> "running", "done", "failed" or "dropped" (:meth:`upgrade_state`).
         self._upgrades: dict[str, str] = {}
-        self._upgrader = ThreadPoolExecutor(1, thread_name_prefix="pg-upgrade")
+        # The upgrade's compile in this process runs at a lowered priority too: at normal
+        # priority it took the CPU from the masks of the requests that started it.
+        self._upgrader = ThreadPoolExecutor(1, thread_name_prefix="pg-upgrade",
+                                            initializer=_lower_thread_priority)
         self._pool: WorkerPool | None = None
         if timeout_s is not None:
             self._pool = WorkerPool(
@@ -697,6 +707,14 @@ class _Attempt:
             except RuntimeClosed:
                 return
         service._settle(self.key, self.fut, None, self.errors)
+
+
+def _lower_thread_priority() -> None:
+    """Lower the calling thread's priority to the long lane's (Linux, where a thread has
+    its own nice value; elsewhere a no-op)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), UPGRADE_NICE)
 
 
 def _recompile(engine: Engine, spec: GrammarSpec, text: Any) -> Any:

@@ -367,7 +367,8 @@ class _Worker:
     def __init__(self, proc: Any, conn: Any) -> None:
         self.proc = proc
         self.conn = conn
-        #: Its priority was lowered (a long compile): retired after that job.
+        #: Its priority was lowered (a long compile, a background job): after that job it
+        #: serves only background jobs, or is retired.
         self.niced = False
         # Held while a job is written: the pipe is closed only once no write is in flight
         # (its descriptor number could otherwise be reused by a new pipe mid-write).
@@ -487,6 +488,10 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._all: set[_Worker] = set()
         self._idle: list[_Worker] = []
+        # Niced workers kept for background jobs (engine upgrades): retiring each one after
+        # its job made every compile after an upgrade land on a just-forked worker, about
+        # 3x slower than a used one (its copy-on-write pages still shared).
+        self._idle_background: list[_Worker] = []
         self._busy: dict[_Worker, _Job] = {}
         self._waiting: collections.deque[_Job] = collections.deque()
         self._started: list[_Worker] = []  # ready, not yet watched by the reader
@@ -530,7 +535,8 @@ class WorkerPool:
         """Start the workers the pool lacks (a start that failed, a replacement that did
         not come up), at most once per :data:`_RESPAWN_BACKOFF_S` after a failure."""
         with self._lock:
-            # Long-lane workers are extra: retired when their compile ends.
+            # Long-lane workers are extra: retired when their compile ends (one is kept
+            # for background jobs).
             regular = len(self._all) - sum(w.niced for w in self._all)
             missing = self.size + self.spares - regular - self._starting
             if self._closed or missing <= 0 or time.monotonic() < self._respawn_at:
@@ -658,8 +664,10 @@ class WorkerPool:
         without the checks).
 
         ``background``: the job starts only while no other compile waits, on a worker
-        whose priority is lowered at once (the long lane's: it holds no slot, and the
-        worker is retired after it); ``CompileService``'s engine upgrades."""
+        whose priority is lowered at once (the long lane's: it holds no slot); that worker
+        is then kept, idle, for the next background job (:data:`_BACKGROUND_KEPT`), so
+        background jobs do not turn the regular workers over; ``CompileService``'s engine
+        upgrades."""
         if serialize not in ("auto", "always", "never", "prepared"):
             raise ValueError("serialize must be 'auto', 'always', 'never' or 'prepared', got "
                              f"{serialize!r}")
@@ -710,18 +718,21 @@ class WorkerPool:
         now = time.monotonic()
         young = sum(not w.niced for w in self._busy)
         lane = len(self._busy) - young
-        while self._idle and self._waiting:
+        while self._waiting:
             foreground = [j for j in self._waiting if not j.background]
             if foreground:
-                if young >= self.size:
+                if young >= self.size or not self._idle:
                     break  # (a background job waits while any other does)
                 job = min(foreground, key=lambda j: _rank(j, now))
-            elif lane < self.max_long:
+                worker = self._idle.pop()
+            elif lane < self.max_long and (self._idle_background or self._idle):
                 job = self._waiting[0]  # background jobs in submission order
+                # Else the regular worker used least (it is replaced by a fresh one).
+                worker = (self._idle_background.pop() if self._idle_background
+                          else self._idle.pop(0))
             else:
                 break
             self._waiting.remove(job)
-            worker = self._idle.pop()
             job.started_at = now
             self._busy[worker] = job
             pairs.append((worker, job))
@@ -787,7 +798,7 @@ class WorkerPool:
                 started, self._started = self._started, []
             for worker in started:
                 self._selector.register(worker.conn.fileno(), selectors.EVENT_READ, worker)
-                self._release(worker)
+                self._release(worker, fresh=True)
             timeout = self._timeout()
             for key, _ in self._selector.select(timeout):
                 if key.data is None:
@@ -822,14 +833,32 @@ class WorkerPool:
         worker was ready waits for it off the clock)."""
         return self.ready_at is not None or not job.before_ready
 
-    def _release(self, worker: _Worker) -> None:
-        """``worker`` is free: it takes the oldest waiting job, or idles."""
+    def _release(self, worker: _Worker, fresh: bool = False) -> None:
+        """``worker`` is free: it takes the oldest waiting job, or idles. A ``fresh`` one
+        (just forked) is taken last: its first compiles are slower."""
         with self._lock:
-            self._idle.append(worker)
+            if fresh:
+                self._idle.insert(0, worker)
+            else:
+                self._idle.append(worker)
             assigned = self._assign()
         self._send_all(assigned)
         if any(job.background for _, job in assigned):
             self._top_up()  # its worker joined the long lane: a regular one is missing
+
+    def _release_niced(self, worker: _Worker) -> None:
+        """A long-lane worker is free: kept for background jobs (up to
+        :data:`_BACKGROUND_KEPT`), else retired."""
+        with self._lock:
+            keep = (not self._closed
+                    and len(self._idle_background) < _BACKGROUND_KEPT)
+            if keep:
+                self._idle_background.append(worker)
+                assigned = self._assign()
+        if not keep:
+            self._retire(worker, replace=False)
+            return
+        self._send_all(assigned)
 
     def _on_readable(self, worker: _Worker) -> None:
         try:
@@ -848,7 +877,7 @@ class WorkerPool:
                 f"{job.job_id if job is not None else 'none'}"))
             return
         if worker.niced:  # its priority cannot be raised again; long-lane workers are extras
-            self._retire(worker, replace=False)
+            self._release_niced(worker)
         else:
             self._release(worker)  # the next compile starts before this reply is handled
         _deliver(job, reply)
@@ -861,8 +890,9 @@ class WorkerPool:
         with self._lock:
             job = self._busy.pop(worker, None)
             self._all.discard(worker)
-            if worker in self._idle:
-                self._idle.remove(worker)
+            for idle in (self._idle, self._idle_background):
+                if worker in idle:
+                    idle.remove(worker)
         with contextlib.suppress(OSError):
             worker.proc.kill()  # stopped now; its exit is waited for elsewhere
         try:
@@ -949,6 +979,9 @@ class WorkerPool:
 #: Slow specs a worker remembers, so that a repeat it answers from its engine's cache is
 #: still shipped (:func:`_serve`).
 _SLOW_SPECS_KEPT = 4096
+
+#: Long-lane workers kept, idle, for background jobs (at their lowered priority).
+_BACKGROUND_KEPT = 1
 
 #: The niceness of a worker whose compile moved to the long lane: the kernel then gives
 #: normal-priority compiles about ten times its CPU share.

@@ -7,6 +7,8 @@ slot (they run at the long lane's priority)."""
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
 
 import pytest
@@ -58,6 +60,20 @@ def test_a_repeated_schema_moves_to_xgrammar_and_decides_alike(rt):
     ids = rt.info.encode('{"n": 5}')
     assert running.accept_tokens(ids) == len(ids) and running.accept(rt.info.stop_token_ids[0])
     assert rt.metrics()["upgrades"] == 1 and rt.metrics()["upgrade_failures"] == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value")
+def test_the_upgrade_compiles_in_this_process_at_low_priority(rt):
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    spec = GrammarSpec.json_schema(SCHEMA)
+    rt.compile(spec)
+    rt.compile(spec)
+    assert _settled(rt, spec) == "done"
+    upgraders = [t for t in threading.enumerate() if t.name.startswith("pg-upgrade")]
+    assert upgraders and all(os.getpriority(os.PRIO_PROCESS, t.native_id) >= 10
+                             for t in upgraders)
+    # Only that thread: the caller's priority is unchanged.
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
 
 
 def test_a_schema_xgrammar_refuses_keeps_its_grammar_and_is_tried_once(rt):
@@ -112,5 +128,47 @@ def test_a_background_job_runs_at_low_priority_and_holds_no_slot(info):
         # A foreground compile does not wait for it: the normal slot is free.
         assert pool.run("xgrammar", GrammarSpec.regex("b+").to_dict(), 60)[0] == "ok"
         assert finished == [], "the foreground compile waited for the background one"
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="reads process priorities")
+def test_background_jobs_reuse_one_kept_low_priority_worker(info):
+    # Retiring the worker after each background job made every compile after an upgrade
+    # run on a just-forked worker (about 3x slower): one niced worker is kept for them.
+    from portable_guided.runtime.engines import engine_class
+    from portable_guided.runtime.worker import WorkerPool
+
+    pool = WorkerPool(lambda: {"xgrammar": engine_class("xgrammar").tokenizer_payload(info)},
+                      size=1, spares=1)
+
+    def settled_pids(n: int) -> list[int]:
+        deadline = time.monotonic() + 60
+        while len(pool.pids()) != n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return sorted(pool.pids())
+
+    try:
+        pool.run("xgrammar", GrammarSpec.regex("a").to_dict(), 60)  # started and warm
+        ran_on = []
+        for i in range(2):
+            done: list[object] = []
+            spec = GrammarSpec.choice([f"s{i}-{j}" for j in range(20_000)]).to_dict()
+            pool.submit("xgrammar", spec, 60, "never", done.append, background=True)
+            deadline = time.monotonic() + 30
+            while not pool.busy_pids() and not done and time.monotonic() < deadline:
+                time.sleep(0.001)
+            ran_on.extend(pool.busy_pids())
+            while not done and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert done and done[0][0] == "ok", done
+        assert len(ran_on) == 2 and ran_on[0] == ran_on[1], ran_on
+        # The two regular workers (one forked to replace the one the first job took) and
+        # the kept one, at its lowered priority.
+        pids = settled_pids(3)
+        assert [p for p in pids if os.getpriority(os.PRIO_PROCESS, p) >= 10] == [ran_on[0]]
+        # Foreground compiles never run on it.
+        assert pool.run("xgrammar", GrammarSpec.regex("b+").to_dict(), 60)[0] == "ok"
+        assert sorted(pool.pids()) == pids
     finally:
         pool.close()
