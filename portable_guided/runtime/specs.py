@@ -25,7 +25,8 @@ from .errors import GrammarSpecError
 
 __all__ = ["SPEC_KINDS", "GrammarSpec"]
 
-SPEC_KINDS = ("json_schema", "any_json", "regex", "ebnf", "choice", "structural_tag")
+SPEC_KINDS = ("json_schema", "any_json", "regex", "ebnf", "choice", "structural_tag",
+              "xgrammar_structural_tag")
 
 
 @dataclass(frozen=True)
@@ -279,6 +280,35 @@ normalise`), the strict variant applied."""
             clean.append({"begin": tag["begin"], "schema": schema, "end": tag["end"]})
         text = json.dumps({"tags": clean, "triggers": list(triggers)}, ensure_ascii=False)
         return cls("structural_tag", text)
+
+    @classmethod
+    def xgrammar_structural_tag(cls, tag: Mapping[str, Any] | str) -> GrammarSpec:
+        """xgrammar's own structural tag (``{"type": "structural_tag", "format": {...}}``,
+        any of its formats: nested tags, ``at_least_one``, ``excludes`` ...), compiled by
+        xgrammar as written: xgrammar's language, on the xgrammar engine only (``auto``
+        takes it there). What engines hand over as is, so that such a compile still runs
+        under the runtime's time limit and off their event loop;
+        :meth:`structural_tag` is the form every engine compiles, in this library's
+        JSON Schema language.
+
+        >>> GrammarSpec.xgrammar_structural_tag({"type": "structural_tag", "format": {
+        ...     "type": "const_string", "value": "yes"}}).kind
+        'xgrammar_structural_tag'
+        """
+        if isinstance(tag, str):
+            try:
+                tag = json.loads(tag)
+            except ValueError as exc:
+                raise GrammarSpecError(f"structural tag is not JSON: {exc}") from None
+        if not isinstance(tag, Mapping):
+            raise TypeError(f"structural tag must be a dict, got {type(tag).__name__}")
+        if tag.get("type") != "structural_tag" or not isinstance(tag.get("format"), Mapping):
+            raise GrammarSpecError(
+                "an xgrammar structural tag is {\"type\": \"structural_tag\", \"format\": "
+                f"{{...}}}}, got keys {sorted(tag)!r} and type {tag.get('type')!r}")
+        # Key order kept: it is the order xgrammar generates a schema's properties in.
+        return cls("xgrammar_structural_tag",
+                   json.dumps(tag, ensure_ascii=False, separators=(",", ":")))
 
 
 # -- JSON schema validation ----------------------------------------------------------------

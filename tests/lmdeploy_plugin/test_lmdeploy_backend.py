@@ -229,23 +229,49 @@ TOOL_TAG = {"type": "structural_tag", "format": {
              "required": ["city"]}}}]}}
 
 
-def test_structural_tags_are_served_by_the_runtime(manager: Any) -> None:
-    """A structural tag of triggered tool calls (xgrammar's ``triggered_tags``) is compiled
-    by the runtime (off the loop, under the limit), its masks equal to lmdeploy's own
-    xgrammar matcher at every token of a text with a tool call (free text, the forced tag,
-    the arguments); one with ``stop_after_first`` stays with lmdeploy's compile."""
+def _stop_after_first(tag: dict) -> dict:
+    return {**tag, "format": {**tag["format"], "stop_after_first": True}}
+
+
+def _nested(tag: dict) -> dict:
+    """The tool call inside a required ``<tool_call>`` tag (at_least_one, nested formats)."""
+    return {"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": ["<tool_call>"], "at_least_one": True,
+        "tags": [{"type": "tag", "begin": "<tool_call>", "end": "</tool_call>",
+                  "content": tag["format"]}]}}
+
+
+CALL = '<function=get_weather>{"city": "Paris"}</function>'
+
+
+@pytest.mark.parametrize("form", [
+    pytest.param((lambda t: t, f"Let me check. {CALL} Done.", "structural_tag"),
+                 id="triggered_tags"),
+    pytest.param((_stop_after_first, f"Let me check. {CALL}", "xgrammar_structural_tag"),
+                 id="stop_after_first"),
+    pytest.param((_nested, f"<tool_call>Checking {CALL}</tool_call>",
+                  "xgrammar_structural_tag"), id="nested"),
+])
+def test_structural_tags_are_served_by_the_runtime(manager: Any, form: Any) -> None:
+    """Structural tags are compiled by the runtime (off the loop, under the limit), their
+    masks equal to lmdeploy's own xgrammar matcher at every token of a text with a tool call
+    (free text, the forced tag, the arguments): triggered tool calls in the runtime's own
+    ``structural_tag`` (any engine), every other format handed to xgrammar as written."""
     from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
 
     from portable_guided.integrations.lmdeploy.backend import Processor
 
+    make, text, kind = form
+    tag = make(TOOL_TAG)
     tok = tokenizer()
-    text = 'Let me check. <function=get_weather>{"city": "Paris"}</function> Done.'
     ids = tok.encode(text, add_special_tokens=False)
-    ours = manager.get_processor(91, 0, TOOL_TAG)
+    ours = manager.get_processor(91, 0, tag)
     assert isinstance(ours, Processor)
+    ours.wait()
+    assert ours.spec.kind == kind
     with plugin_off():
         own = GuidedDecodingManager(tok, VOCAB)
-        theirs = own.get_processor(91, 0, TOOL_TAG)
+        theirs = own.get_processor(91, 0, tag)
         masks = []
         for t in ids:
             mask = own.allocate_batched_bitmap(1)
@@ -261,9 +287,6 @@ def test_structural_tags_are_served_by_the_runtime(manager: Any) -> None:
         manager.accept_token(ours, t)
     assert not ours.request.failed and constrained >= 5  # the tag and its arguments
     manager.remove_processor(91)
-    other = {**TOOL_TAG, "format": {**TOOL_TAG["format"], "stop_after_first": True}}
-    assert not isinstance(manager.get_processor(92, 0, other), Processor)
-    manager.remove_processor(92)
 
 
 def test_a_bad_schema_fails_its_request_alone(manager: Any) -> None:

@@ -169,3 +169,41 @@ def test_xgrammar_forget_drops_the_compiler_cache(deepseek):
     assert engine._compiler.get_cache_size_bytes() > 0
     engine.forget(first)
     assert engine._compiler.get_cache_size_bytes() == 0
+
+
+XGRAMMAR_TAG = {"type": "structural_tag", "format": {
+    "type": "triggered_tags", "triggers": ["<tool_call>"], "at_least_one": True,
+    "tags": [{"type": "tag", "begin": "<tool_call>", "end": "</tool_call>", "content": {
+        "type": "json_schema", "json_schema": {
+            "type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}},
+            "required": ["b", "a"]}}}]}}
+
+
+def test_xgrammar_structural_tag_is_xgrammars_own_compile(runtimes):
+    """xgrammar's own structural tag, handed over as written: llguidance refuses it, the
+    xgrammar engine's masks equal xgrammar's own matcher on its own compile at every token
+    (the property order as written, at_least_one)."""
+    import xgrammar as xgr
+
+    from portable_guided.runtime.engines.xgrammar import tokenizer
+
+    spec = GrammarSpec.xgrammar_structural_tag(XGRAMMAR_TAG)
+    with pytest.raises(GrammarCompileError, match="xgrammar only"):
+        runtimes["llguidance"].compile(spec)
+    rt = runtimes["xgrammar"]
+    info = rt.info
+    own = xgr.GrammarMatcher(xgr.GrammarCompiler(tokenizer(info)).compile_structural_tag(
+        json.dumps(XGRAMMAR_TAG)))
+    expected = xgr.allocate_token_bitmask(1, info.vocab_size).numpy()
+    req = rt.new_request(spec).wait(60)
+    bm = rt.allocate_bitmask(1)
+    text = '<tool_call>{"b": 1, "a": "x"}</tool_call>'
+    for t in [*info.encode(text), info.stop_token_ids[0]]:
+        rt.fill_bitmask([req], bm)
+        own.fill_next_token_bitmask(expected)
+        assert np.array_equal(bm[0], expected[0])
+        assert req.accept(t) and own.accept_token(t)
+    assert req.is_terminated
+    # Written order only ("a" before "b" is refused), and a tag is required.
+    for bad in ('<tool_call>{"a": "x", "b": 1}</tool_call>', "Hello"):
+        assert walk(rt, spec, bad)[0] < len(info.encode(bad))

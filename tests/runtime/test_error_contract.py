@@ -67,6 +67,15 @@ SPEC_CASES = [
         [{"begin": "<f>", "schema": {}, "end": "</f>"}], "<f"), TypeError, "triggers must be"),
     ("tag without end", lambda: GrammarSpec.structural_tag(
         [{"begin": "<f>", "schema": {}}], ["<f"]), GrammarSpecError, "lacks"),
+    ("xgrammar tag of a list", lambda: GrammarSpec.xgrammar_structural_tag([]), TypeError,
+     "got list"),
+    ("xgrammar tag not JSON", lambda: GrammarSpec.xgrammar_structural_tag("{x"),
+     GrammarSpecError, "not JSON"),
+    ("xgrammar tag without format", lambda: GrammarSpec.xgrammar_structural_tag(
+        {"type": "structural_tag", "structures": []}), GrammarSpecError,
+     r"\['structures', 'type'\]"),
+    ("xgrammar tag of another type", lambda: GrammarSpec.xgrammar_structural_tag(
+        {"type": "json_schema", "format": {}}), GrammarSpecError, "'json_schema'"),
 ]
 
 

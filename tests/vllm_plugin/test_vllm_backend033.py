@@ -293,3 +293,32 @@ def test_structural_tags_keep_the_special_tokens(special_backends):
     grammar = ours_backend.compile_grammar(StructuredOutputOptions.STRUCTURAL_TAG,
                                            json.dumps(tag))
     assert grammar.keep is None and not grammar.blocked
+
+
+@needs_033
+def test_structural_tag_formats_compile_as_vllms_xgrammar_backend(xgrammar_backends):
+    """A structural tag in xgrammar's own format (nested tags, ``at_least_one``) goes to
+    xgrammar as written: our masks equal vLLM's xgrammar backend's at every token of a text
+    with a tool call, up to the end."""
+    tokenizer, theirs_backend, ours_backend = xgrammar_backends
+    tag = json.dumps({"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": ["<tool_call>"], "at_least_one": True,
+        "tags": [{"type": "tag", "begin": "<tool_call>", "end": "</tool_call>", "content": {
+            "type": "triggered_tags", "triggers": ["<f="], "tags": [{
+                "type": "tag", "begin": "<f=get>", "end": "</f>", "content": {
+                    "type": "json_schema", "json_schema": {
+                        "type": "object", "properties": {"city": {"type": "string"}},
+                        "required": ["city"]}}}]}}]}})
+    theirs = theirs_backend.compile_grammar(StructuredOutputOptions.STRUCTURAL_TAG, tag)
+    ours = ours_backend.compile_grammar(StructuredOutputOptions.STRUCTURAL_TAG, tag)
+    vocab = len(tokenizer)
+    bitmask = torch.zeros((2, (vocab + 31) // 32), dtype=torch.int32)
+    text = '<tool_call>Checking <f=get>{"city": "Paris"}</f></tool_call>'
+    constrained = 0
+    for step, token in enumerate(tokenizer.encode(text, add_special_tokens=False)):
+        theirs.fill_bitmask(bitmask, 0)
+        ours.fill_bitmask(bitmask, 1)
+        assert torch.equal(bitmask[0], bitmask[1]), f"step {step}"
+        constrained += bool((bitmask[1] != -1).any())
+        assert theirs.accept_tokens("r", [token]) and ours.accept_tokens("r", [token])
+    assert constrained >= 5

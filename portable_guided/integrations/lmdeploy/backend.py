@@ -27,8 +27,9 @@ limit, and drops xgrammar's ``False`` when a sampled token is rejected. With the
   (nothing copied or replayed).
 
 Structural tags of triggered tool calls (xgrammar's ``triggered_tags`` around JSON schemas,
-without ``at_least_one``, ``stop_after_first`` or ``excludes``) are served by the runtime;
-other structural-tag formats stay with lmdeploy's own compile.
+without ``at_least_one``, ``stop_after_first`` or ``excludes``) are compiled in the runtime's
+language on any engine; every other structural-tag format is compiled by xgrammar as written
+(lmdeploy's own compile), in the runtime's workers under its limit.
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ logger = logging.getLogger("lmdeploy.plugins.portable_guided")
 
 def spec_for(response_format: Mapping[str, Any]) -> Any:
     """The runtime's :class:`~portable_guided.runtime.GrammarSpec` for one lmdeploy
-    ``response_format``, or None for a kind the backend leaves to lmdeploy (structural tags
-    other than :func:`_triggered_tags`). Raises the spec error (``GrammarError``,
+    ``response_format``. Structural tags :func:`_triggered_tags` reads are compiled in the
+    runtime's language on any engine; every other structural tag is handed to xgrammar as
+    written (``GrammarSpec.xgrammar_structural_tag``: lmdeploy's own compile, under the
+    runtime's limit and off the loop). Raises the spec error (``GrammarError``,
     ``ValueError``) of a bad format."""
     from lmdeploy._guided_decoding import _grammar_source
 
@@ -71,15 +74,14 @@ def spec_for(response_format: Mapping[str, Any]) -> Any:
         return GrammarSpec.structural_tag(
             [{"begin": begin, "schema": json.loads(_strict_text(json.dumps(schema))),
               "end": end} for begin, schema, end in tags[0]], tags[1])
-    return None
+    if kind == "structural_tag":
+        return GrammarSpec.xgrammar_structural_tag(source)
+    raise ValueError(f"unsupported format type: {kind}")
 
 
 def _served(response_format: Mapping[str, Any]) -> bool:
-    """Whether the runtime takes this format: anything but free text and the structural
-    tags :func:`_triggered_tags` does not read (those stay with lmdeploy's own compile)."""
-    kind = response_format.get("type", "text")
-    return kind != "text" and (kind != "structural_tag"
-                               or _triggered_tags(response_format) is not None)
+    """Whether the runtime takes this format: anything but free text."""
+    return response_format.get("type", "text") != "text"
 
 
 def _triggered_tags(response_format: Mapping[str, Any],
@@ -88,8 +90,8 @@ def _triggered_tags(response_format: Mapping[str, Any],
     xgrammar's ``triggered_tags`` format with plain string tags around JSON schemas, no
     ``at_least_one``, ``stop_after_first`` or ``excludes`` (the language of the runtime's
     ``structural_tag``, and of xgrammar's legacy form it converts from), or the legacy
-    ``structures``/``triggers`` form itself. None for anything else, which stays with
-    lmdeploy's own compile."""
+    ``structures``/``triggers`` form itself. None for anything else, which xgrammar
+    compiles as written (:func:`spec_for`)."""
     if response_format.get("type") != "structural_tag":
         return None
     if "format" not in response_format:
@@ -156,6 +158,13 @@ class Processor:
     def runtime(self) -> Any:
         """The manager's grammar runtime."""
         return self.manager._pg_runtime
+
+    @property
+    def spec(self) -> Any:
+        """The format's runtime spec (None while lowering, or when the format failed)."""
+        if not self._pending.done() or self._pending.exception() is not None:
+            return None
+        return self._pending.result()[0]
 
     @property
     def request(self) -> Any:
@@ -358,7 +367,7 @@ def manager_methods(original: Mapping[str, Any]) -> dict[str, Callable[..., Any]
         known = self.processors.get(session_id, {}).get(seq_id)
         if known is not None:
             return known
-        if not _served(response_format):  # lmdeploy's own compile
+        if not _served(response_format):  # (free text: lmdeploy asks for none)
             return get_processor(self, session_id, seq_id, response_format)
         processor = Processor.submit(self, response_format)
         self.processors.setdefault(session_id, {})[seq_id] = processor
@@ -388,9 +397,8 @@ def manager_methods(original: Mapping[str, Any]) -> dict[str, Callable[..., Any]
 def admission(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Engine._add_message`` that also submits the compile of each admitted request's
     grammar (without waiting: :meth:`Processor.submit`), where the model agent and so its
-    ``GuidedDecodingManager`` are in this process. Structural tags the runtime does not serve
-    are left to the sampling step (lmdeploy's own compile blocks). A failure here is logged
-    and leaves the request to the sampling step, which reports it."""
+    ``GuidedDecodingManager`` are in this process. A failure here is logged and leaves the
+    request to the sampling step, which reports it."""
 
     def _add_message(self: Any, reqs: list[Any]) -> None:
         original(self, reqs)

@@ -138,10 +138,9 @@ class PortableGuidedBackend(StructuredOutputBackend):
         if request_type == StructuredOutputOptions.STRUCTURAL_TAG:
             tag = json.loads(grammar_spec)
             if "structures" not in tag:
-                raise GrammarError(
-                    "portable_guided's runtime serves the structural-tag format with "
-                    "'structures' and 'triggers' only"
-                )
+                # xgrammar's own format, compiled as vLLM's xgrammar backend compiles it
+                # (by xgrammar, as written), in the runtime's workers under its limit.
+                return GrammarSpec.xgrammar_structural_tag(tag)
             return GrammarSpec.structural_tag(tag["structures"], tag["triggers"])
         raise GrammarError(f"unsupported structured output type {request_type!s}")
 

@@ -241,6 +241,9 @@ class LLGuidanceEngine(Engine):
                 tags.append(self._llg.StructTag(
                     trigger=trigger, begin=t["begin"], grammar=schema, end=t["end"]))
             return str(L.grammar_from_lark(self._llg.StructTag.to_grammar(tags)))
+        if kind == "xgrammar_structural_tag":
+            raise UnsupportedSpec("xgrammar's own structural-tag format is compiled by "
+                                  "xgrammar only")
         raise UnsupportedSpec(f"llguidance engine: unknown spec kind {kind!r}")
 
     def compile(self, spec: GrammarSpec) -> Any:

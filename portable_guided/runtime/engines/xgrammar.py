@@ -195,6 +195,8 @@ class XGrammarEngine(Engine):
             return c.compile_grammar(f"root ::= {body}")
         if kind == "structural_tag":
             return self._compile_structural_tag(data)
+        if kind == "xgrammar_structural_tag":  # xgrammar's own format, as written
+            return c.compile_structural_tag(spec.text)
         raise ValueError(f"xgrammar engine: unknown spec kind {kind!r}")
 
     def prepare(self, spec: GrammarSpec) -> tuple[str, bool]:
