@@ -4,7 +4,8 @@ With lmdeploy's ``mp`` and ``ray`` executors (tensor parallelism) each rank's mo
 and so its ``GuidedDecodingManager`` and our runtime, lives in a worker process: the engine's
 process admits a request but holds no manager to hand its grammar to. There, the engine's
 process compiles each admitted request's grammar itself, into the disk cache that the
-agents' runtimes share (``PORTABLE_GUIDED_LMDEPLOY_CACHE_DIR``, one host): by a request's
+agents' runtimes share (``PORTABLE_GUIDED_LMDEPLOY_CACHE_DIR``, one host, or the fleet cache
+at ``PORTABLE_GUIDED_CACHE_URL`` for ranks on several hosts): by a request's
 first sampling step its grammar is on disk, or being made (a runtime that misses waits on the
 cache's lock for the process compiling it, then reads it). Without that directory nothing is
 prefetched: the ranks compile at the first sampling step, as before.
@@ -63,10 +64,13 @@ class Prefetch:
 
     @staticmethod
     def wanted(engine: Any) -> bool:
-        """Whether ``engine``'s model agents are elsewhere and a shared cache is set."""
+        """Whether ``engine``'s model agents are elsewhere and a cache they share is set
+        (the disk directory, or the runtime's fleet cache for ranks on other hosts)."""
+        from ...runtime.cache_setup import URL_ENV
+
         executor = getattr(engine, "executor", None)
         return (executor is not None and getattr(executor, "model_agent", None) is None
-                and bool(os.environ.get(CACHE_DIR_ENV)))
+                and bool(os.environ.get(CACHE_DIR_ENV) or os.environ.get(URL_ENV)))
 
     @staticmethod
     def _build(model_config: Any) -> Any:
