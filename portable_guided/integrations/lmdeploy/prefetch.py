@@ -3,12 +3,12 @@
 With lmdeploy's ``mp`` and ``ray`` executors (tensor parallelism) each rank's model agent,
 and so its ``GuidedDecodingManager`` and our runtime, lives in a worker process: the engine's
 process admits a request but holds no manager to hand its grammar to. There, the engine's
-process compiles each admitted request's grammar itself, into the disk cache that the
-agents' runtimes share (``PORTABLE_GUIDED_LMDEPLOY_CACHE_DIR``, one host, or the fleet cache
-at ``PORTABLE_GUIDED_CACHE_URL`` for ranks on several hosts): by a request's
-first sampling step its grammar is on disk, or being made (a runtime that misses waits on the
-cache's lock for the process compiling it, then reads it). Without that directory nothing is
-prefetched: the ranks compile at the first sampling step, as before.
+process compiles each admitted request's grammar itself, into a cache the agents' runtimes
+share: the disk cache at ``PORTABLE_GUIDED_LMDEPLOY_CACHE_DIR`` (one host) or the fleet cache
+at ``PORTABLE_GUIDED_CACHE_URL`` (ranks on several hosts). By a request's first sampling step
+its grammar is there, or being made (a runtime that misses waits on the cache's lock for the
+process compiling it, then reads it). With neither set nothing is prefetched: the ranks
+compile at the first sampling step, as before.
 
 The engine's process builds the same runtime as an agent does (:func:`backend._runtime_for`:
 the same tokenizer, vocabulary size and settings, so the same cache keys), in a thread of
