@@ -367,8 +367,8 @@ class _Worker:
     def __init__(self, proc: Any, conn: Any) -> None:
         self.proc = proc
         self.conn = conn
-        #: Its priority was lowered (a long compile, a background job): after that job it
-        #: serves only background jobs, or is retired.
+        #: Its priority was lowered (a long compile, a background job): retired after that
+        #: job, or kept for background jobs only (one that ran a background job).
         self.niced = False
         # Held while a job is written: the pipe is closed only once no write is in flight
         # (its descriptor number could otherwise be reused by a new pipe mid-write).
@@ -535,8 +535,8 @@ class WorkerPool:
         """Start the workers the pool lacks (a start that failed, a replacement that did
         not come up), at most once per :data:`_RESPAWN_BACKOFF_S` after a failure."""
         with self._lock:
-            # Long-lane workers are extra: retired when their compile ends (one is kept
-            # for background jobs).
+            # Long-lane workers are extra: retired when their compile ends (one that ran a
+            # background job is kept for the next).
             regular = len(self._all) - sum(w.niced for w in self._all)
             missing = self.size + self.spares - regular - self._starting
             if self._closed or missing <= 0 or time.monotonic() < self._respawn_at:
@@ -846,11 +846,12 @@ class WorkerPool:
         if any(job.background for _, job in assigned):
             self._top_up()  # its worker joined the long lane: a regular one is missing
 
-    def _release_niced(self, worker: _Worker) -> None:
-        """A long-lane worker is free: kept for background jobs (up to
-        :data:`_BACKGROUND_KEPT`), else retired."""
+    def _release_niced(self, worker: _Worker, job: _Job) -> None:
+        """A long-lane worker is free: kept for background jobs if it ran one (up to
+        :data:`_BACKGROUND_KEPT`; a long foreground compile may have left it large), else
+        retired."""
         with self._lock:
-            keep = (not self._closed
+            keep = (job.background and not self._closed
                     and len(self._idle_background) < _BACKGROUND_KEPT)
             if keep:
                 self._idle_background.append(worker)
@@ -877,7 +878,7 @@ class WorkerPool:
                 f"{job.job_id if job is not None else 'none'}"))
             return
         if worker.niced:  # its priority cannot be raised again; long-lane workers are extras
-            self._release_niced(worker)
+            self._release_niced(worker, job)
         else:
             self._release(worker)  # the next compile starts before this reply is handled
         _deliver(job, reply)

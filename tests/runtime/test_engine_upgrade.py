@@ -172,3 +172,32 @@ def test_background_jobs_reuse_one_kept_low_priority_worker(info):
         assert sorted(pool.pids()) == pids
     finally:
         pool.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="reads process priorities")
+def test_a_long_foreground_compiles_worker_is_retired_not_kept(info):
+    # Only a worker that ran a background job is kept: one a long foreground compile moved
+    # to the long lane may hold that compile's memory.
+    from portable_guided.runtime.engines import engine_class
+    from portable_guided.runtime.worker import WorkerPool
+
+    pool = WorkerPool(lambda: {"xgrammar": engine_class("xgrammar").tokenizer_payload(info)},
+                      size=1, spares=1, long_after_s=0.05)
+    try:
+        pool.run("xgrammar", GrammarSpec.regex("a").to_dict(), 60)  # started and warm
+        done: list[object] = []
+        slow = GrammarSpec.choice([f"long-{j}" for j in range(20_000)]).to_dict()
+        pool.submit("xgrammar", slow, 60, "never", done.append)
+        # Waiting behind it moves it to the long lane.
+        assert pool.run("xgrammar", GrammarSpec.regex("b+").to_dict(), 60)[0] == "ok"
+        deadline = time.monotonic() + 60
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert done and done[0][0] == "ok", done
+        deadline = time.monotonic() + 30
+        while len(pool.pids()) != 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pids = pool.pids()
+        assert len(pids) == 2 and all(os.getpriority(os.PRIO_PROCESS, p) < 10 for p in pids)
+    finally:
+        pool.close()
