@@ -414,7 +414,8 @@ def admission(original: Callable[..., Any]) -> Callable[..., Any]:
         if manager is None and Prefetch.wanted(self):
             prefetch = self.__dict__.get("_pg_prefetch")
             if prefetch is None:
-                prefetch = self._pg_prefetch = Prefetch(self.model_config)
+                prefetch = self._pg_prefetch = Prefetch(self.model_config, _runtime_for,
+                                                        spec_for)
         elif manager is None or getattr(manager, "_pg_runtime", None) is None:
             return
         for req in reqs:

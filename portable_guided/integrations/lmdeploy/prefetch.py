@@ -10,7 +10,7 @@ its grammar is there, or being made (a runtime that misses waits on the cache's 
 process compiling it, then reads it). With neither set nothing is prefetched: the ranks
 compile at the first sampling step, as before.
 
-The engine's process builds the same runtime as an agent does (:func:`backend._runtime_for`:
+The engine's process builds the same runtime as an agent does (the backend's ``_runtime_for``:
 the same tokenizer, vocabulary size and settings, so the same cache keys), in a thread of
 its own: the event loop only hands the format over.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
@@ -55,11 +55,15 @@ def manager_vocab_size(tokenizer: Any, vocab_size: int | None) -> int:
 
 
 class Prefetch:
-    """One engine process's compiles at admission (see the module doc)."""
+    """One engine process's compiles at admission (see the module doc). ``runtime_for`` and
+    ``spec_for`` are the backend's (``_runtime_for``, ``spec_for``):
+    the runtime a rank builds, and the spec of a format."""
 
-    def __init__(self, model_config: Any) -> None:
+    def __init__(self, model_config: Any, runtime_for: Callable[[Any, Any], Any],
+                 spec_for: Callable[[Mapping[str, Any]], Any]) -> None:
+        self._spec_for = spec_for
         self._jobs = ThreadPoolExecutor(1, thread_name_prefix="pg-lmdeploy-prefetch")
-        self._runtime: Future[Any] = self._jobs.submit(self._build, model_config)
+        self._runtime: Future[Any] = self._jobs.submit(self._build, model_config, runtime_for)
         self._disabled = False
 
     @staticmethod
@@ -73,13 +77,11 @@ class Prefetch:
                 and bool(os.environ.get(CACHE_DIR_ENV) or os.environ.get(URL_ENV)))
 
     @staticmethod
-    def _build(model_config: Any) -> Any:
-        from .backend import _runtime_for
-
+    def _build(model_config: Any, runtime_for: Callable[[Any, Any], Any]) -> Any:
         tokenizer = engine_tokenizer(model_config)
         manager = SimpleNamespace(vocab_size=manager_vocab_size(
             tokenizer, getattr(model_config, "vocab_size", None)))
-        return _runtime_for(manager, tokenizer)
+        return runtime_for(manager, tokenizer)
 
     def submit(self, response_format: Mapping[str, Any]) -> None:
         """Compile ``response_format``'s grammar in the background (returns at once)."""
@@ -87,8 +89,6 @@ class Prefetch:
             self._jobs.submit(self._compile, dict(response_format))
 
     def _compile(self, response_format: dict[str, Any]) -> None:
-        from .backend import spec_for
-
         try:
             runtime = self._runtime.result()
         except Exception as exc:  # noqa: BLE001 - the ranks compile at their first step
@@ -99,7 +99,7 @@ class Prefetch:
                                "step", type(exc).__name__, exc)
             return
         try:
-            runtime.compile_async(spec_for(response_format))
+            runtime.compile_async(self._spec_for(response_format))
         except Exception as exc:  # noqa: BLE001 - the request's rank reports a bad format
             logger.info("portable_guided did not prefetch a format (%s: %s)",
                         type(exc).__name__, exc)
