@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from .._settings import env_seconds
+from .prefetch import CACHE_DIR_ENV, Prefetch
 
 __all__ = ["DraftFork", "Processor", "admission", "batched_fill", "manager_methods",
            "serial_bitmask", "spec_for"]
@@ -162,19 +163,23 @@ class Processor:
         """The manager's grammar runtime."""
         return self.manager._pg_runtime
 
+    def _built(self) -> tuple[Any, Any] | None:
+        """(spec, request) once lowered and submitted, else None (lowering, or failed)."""
+        if not self._pending.done() or self._pending.exception() is not None:
+            return None
+        return self._pending.result()
+
     @property
     def spec(self) -> Any:
         """The format's runtime spec (None while lowering, or when the format failed)."""
-        if not self._pending.done() or self._pending.exception() is not None:
-            return None
-        return self._pending.result()[0]
+        built = self._built()
+        return None if built is None else built[0]
 
     @property
     def request(self) -> Any:
         """The runtime request (None while lowering, or when the format failed)."""
-        if not self._pending.done() or self._pending.exception() is not None:
-            return None
-        return self._pending.result()[1]
+        built = self._built()
+        return None if built is None else built[1]
 
     @property
     def error(self) -> BaseException | None:
@@ -339,7 +344,7 @@ def _runtime_for(manager: Any, tokenizer: Any) -> Any:
     engine = os.environ.get("PORTABLE_GUIDED_LMDEPLOY_ENGINE", BACKEND_ENGINE)
     runtime = GrammarRuntime(info, engine=engine, compile_timeout_s=timeout_s,
                              compile_workers=workers,
-                             disk_cache_dir=os.environ.get("PORTABLE_GUIDED_LMDEPLOY_CACHE_DIR")
+                             disk_cache_dir=os.environ.get(CACHE_DIR_ENV)
                              or None)
     manager._pg_wait_s = None if timeout_s is None else 1.5 * timeout_s + 5.0
     warm(runtime)
@@ -404,15 +409,13 @@ def admission(original: Callable[..., Any]) -> Callable[..., Any]:
     ``mp`` and ``ray`` executors) and a shared disk cache is set, into that cache
     (:class:`~.prefetch.Prefetch`). A failure here is logged and leaves the request to the
     sampling step, which reports it."""
-    from .prefetch import Prefetch
-
     def _add_message(self: Any, reqs: list[Any]) -> None:
         original(self, reqs)
         agent = getattr(getattr(self, "executor", None), "model_agent", None)
         manager: Any = getattr(agent, "guided_decoding_manager", None)
         prefetch: Prefetch | None = None
         if manager is None and Prefetch.wanted(self):
-            prefetch = self.__dict__.get("_pg_prefetch")
+            prefetch = getattr(self, "_pg_prefetch", None)
             if prefetch is None:
                 prefetch = self._pg_prefetch = Prefetch(self.model_config, _runtime_for,
                                                         spec_for)
