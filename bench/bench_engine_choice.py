@@ -16,7 +16,10 @@ counted as the limit, what a request waits), mask time p50/p99 over the first re
 each schema. ``--warm-wait S`` adds the steady state: each schema's valid instances walked
 again as later requests, after up to S seconds for the runtime's engine upgrade (``auto``
 moves a repeated schema to xgrammar in the background), ``warm_mask_us_p50/p99`` and which
-engine served them (``warm_engines``).
+engine served them (``warm_engines``). ``--step-ms MS`` spaces the first requests' masks
+as a server's decode steps do while the schema's upgrade runs (a request moves to the
+upgraded grammar at its next mask: docs/latency.md); without it they come back to back,
+which no server does.
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ def main() -> None:
     ap.add_argument("--warm-wait", type=float, default=None,
                     help="also walk each schema's valid instances again as later requests, "
                     "after waiting up to this many seconds for the runtime's engine upgrade")
+    ap.add_argument("--step-ms", type=float, default=0.0,
+                    help="the first requests' decode step: after each token, sleep this "
+                    "long while the schema's engine upgrade runs (default 0: masks back to "
+                    "back)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -70,7 +77,7 @@ def main() -> None:
         rng.shuffle(order)
         for mode in order:
             result = run_mode(mode, records, info, timeout_s=args.timeout,
-                              warm_wait_s=args.warm_wait)
+                              warm_wait_s=args.warm_wait, step_s=args.step_ms / 1e3)
             for row in result["per_schema"]:
                 row["file"] = Path(path).stem
             per_mode[mode].extend(result["per_schema"])

@@ -135,8 +135,13 @@ class _Walker:
         return str(self.rt.compile(spec).engine_name)
 
     def walk(self, spec: GrammarSpec, compiled: Any, ids: list[int], bm: np.ndarray,
-             mask_times: list[float]) -> bool:
-        """True if every token and then the stop token were allowed and accepted."""
+             mask_times: list[float], step_s: float = 0.0) -> bool:
+        """True if every token and then the stop token were allowed and accepted.
+
+        ``step_s``: after each token, sleep this long while ``spec``'s engine upgrade runs
+        (runtime modes), as a server's decode step would pass on the device between two
+        masks; once it has ended, time passing changes nothing, so the walk goes on at
+        once."""
         stop = self.info.stop_token_ids[0]
         perf = time.perf_counter
         # Each branch binds the mode's own fill and accept (different signatures).
@@ -161,6 +166,7 @@ class _Walker:
                 return bool(lm.consume_token(t))
 
             fill, accept = llg_fill, llg_accept
+        stepping = self.rt if step_s > 0 else None  # (raw modes: nothing to wait for)
         for t in [*ids, stop]:
             t0 = perf()
             fill(bm, 0)
@@ -169,12 +175,17 @@ class _Walker:
                 return False
             if not accept(t):
                 return False
+            if stepping is not None:
+                if stepping.upgrade_state(spec) == "running":
+                    time.sleep(step_s)
+                else:
+                    stepping = None
         return True
 
 
 def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, *,
              timeout_s: float = 30.0, progress: Any = None,
-             warm_wait_s: float | None = None) -> dict[str, Any]:
+             warm_wait_s: float | None = None, step_s: float = 0.0) -> dict[str, Any]:
     """Run one mode over ``records``; returns ``{"summary": ..., "per_schema": [...],
     "mask_times": [...]}``.
 
@@ -183,7 +194,8 @@ def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, 
     the same schema (``"warm_mask_times"``: the steady state a server sees for a schema it
     serves repeatedly; ``warm_valid_rejected`` per schema), after waiting up to this long for
     the upgrade to settle; raw modes walk their own grammar again. Without it, upgrades are
-    off: every instance of an ``auto`` spec is decided by the engine ``auto`` chose."""
+    off: every instance of an ``auto`` spec is decided by the engine ``auto`` chose.
+    ``step_s``: the first requests' decode step (``_Walker.walk``)."""
     walker = _Walker(mode, info, timeout_s, upgrade=warm_wait_s is not None)
     per_schema: list[dict[str, Any]] = []
     compile_times: list[float] = []
@@ -222,7 +234,7 @@ def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, 
             for test in rec.get("tests", []):
                 text = json.dumps(test["data"], indent=None, ensure_ascii=False)
                 ids = info.encode(text)
-                accepted = walker.walk(spec, compiled, ids, bm, mask_times)
+                accepted = walker.walk(spec, compiled, ids, bm, mask_times, step_s)
                 ok = accepted == bool(test["valid"])
                 row["tests"] += 1
                 row["tests_ok"] += ok

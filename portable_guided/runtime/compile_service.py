@@ -80,7 +80,7 @@ LOCK_WAIT_WITHOUT_LIMIT_S = 120.0
 LOCK_WAIT_SHARE = 0.5
 
 #: With ``upgrade=True`` under ``auto``, a JSON schema another engine compiled is compiled
-#: with this one in the background once it is requested again: its masks are the fastest
+#: with this one in the background as soon as it is ready: its masks are the fastest
 #: (per-mask p99 on 419 MaskBench/Github schemas: llguidance 1.4 ms, xgrammar 93 us;
 #: bench/results/engine_choice_cpu.json), and later requests use it.
 UPGRADE_ENGINE = "xgrammar"
@@ -95,8 +95,12 @@ UPGRADE_NICE = 10
 #: Upgrade outcomes remembered, so that each spec is tried once (the oldest forgotten).
 _UPGRADES_KEPT = 4096
 
+#: Upgrades waiting or running at most; past it a new schema is not queued (a later request
+#: of it tries again), so a stream of new schemas cannot grow the queue without bound.
+UPGRADES_QUEUED_MAX = 32
 
-@dataclass(frozen=True)
+
+@dataclass(eq=False)  # (identity: two compiles of one spec are two grammars)
 class CompiledGrammar:
     """A compiled grammar and the engine that made it."""
 
@@ -108,6 +112,10 @@ class CompiledGrammar:
     #: "memory" or "upgrade" (``CompileService(upgrade=True)``).
     source: str
     compile_s: float
+    #: Set once an engine upgrade of the same spec compiled: the grammar later requests
+    #: get, to which a request running on this one moves at its next mask
+    #: (``Request``, "hand-over").
+    upgraded: CompiledGrammar | None = None
 
     @property
     def engine_name(self) -> str:
@@ -141,11 +149,13 @@ class CompileService:
 
     ``upgrade=True`` (with ``engine="auto"`` and a time limit): a JSON schema that ``auto``
     compiled with an engine other than :data:`UPGRADE_ENGINE` is compiled with that one in
-    the background when it is requested again (a memory-cache hit), one upgrade at a time,
-    in a worker at the long lane's priority that starts only while no other compile waits,
-    within :data:`UPGRADE_LIMIT_S`. Once it compiled, later requests get it; requests
-    already running keep their grammar (both engines accept the same language:
-    docs/json_schema.md). A spec the engine refuses, or that compiles too slowly, keeps
+    the background as soon as it is ready, one upgrade at a time (at most
+    :data:`UPGRADES_QUEUED_MAX` queued), in a worker at the long lane's priority that
+    starts only while no other compile waits, within :data:`UPGRADE_LIMIT_S`. Once it
+    compiled, later requests get it and requests already running move to it at their next
+    mask (``CompiledGrammar.upgraded``; both engines accept the same language:
+    docs/json_schema.md), except with ``any_whitespace=False`` (each engine lays out
+    compact JSON its own way). A spec the engine refuses, or that compiles too slowly, keeps
     its grammar. :meth:`upgrade_state` says how a spec's upgrade went.
     """
 
@@ -206,6 +216,7 @@ class CompileService:
                          and UPGRADE_ENGINE in self.order[1:])
         #: Spec key -> "running", "done", "failed" or "dropped" (:meth:`upgrade_state`).
         self._upgrades: dict[str, str] = {}
+        self._upgrades_queued = 0
         # The upgrade's compile in this process runs at a lowered priority too: at normal
         # priority it took the CPU from the masks of the requests that started it.
         self._upgrader = ThreadPoolExecutor(1, thread_name_prefix="pg-upgrade",
@@ -346,9 +357,11 @@ class CompileService:
         if spec.kind != "json_schema":  # (one language on every engine: JSON Schema's)
             return
         with self._inflight_lock:
-            if key in self._upgrades or self._closed:
+            if (key in self._upgrades or self._closed
+                    or self._upgrades_queued >= UPGRADES_QUEUED_MAX):
                 return
             self._upgrades[key] = "running"
+            self._upgrades_queued += 1
             if len(self._upgrades) > _UPGRADES_KEPT:
                 del self._upgrades[next(iter(self._upgrades))]
         try:
@@ -378,9 +391,14 @@ class CompileService:
             self._upgrade_failed(key, spec, exc)
             return
         with self._inflight_lock:
-            kept = not self._closed and self._memory.get(key) is not None
-            if kept:
+            old = None if self._closed else self._memory.get(key)
+            kept = old is not None
+            if old is not None:
                 self._memory.put(key, compiled, compiled.nbytes)
+                if spec.option("any_whitespace", True):
+                    # Running requests move over; not where each engine has its own layout
+                    # (no free whitespace): a text would mix the two.
+                    old.upgraded = compiled
         self.metrics.inc("upgrades" if kept else "upgrades_dropped")
         self._end_upgrade(key, "done" if kept else "dropped")
 
@@ -392,6 +410,7 @@ class CompileService:
     def _end_upgrade(self, key: str, state: str | None) -> None:
         """Record how ``key``'s upgrade ended (None: forget it, so it is tried again)."""
         with self._inflight_lock:
+            self._upgrades_queued -= 1
             if key in self._upgrades:
                 if state is None:
                     del self._upgrades[key]
@@ -411,7 +430,7 @@ class CompileService:
             try:
                 result = self._compile_one(
                     name, spec, deadline,
-                    expire=lambda exc: self._settle(key, fut, None, [exc]))
+                    expire=lambda exc: self._settle(key, spec, fut, None, [exc]))
                 break
             except RuntimeClosed:
                 return
@@ -421,11 +440,12 @@ class CompileService:
                 errors.append(GrammarCompileError(f"{type(exc).__name__}: {exc}", engine=name))
             (log.warning if isinstance(errors[-1], GrammarTimeout) else log.info)(
                 "%r did not compile: %s", spec, errors[-1])
-        self._settle(key, fut, result, errors)
+        self._settle(key, spec, fut, result, errors)
 
-    def _settle(self, key: str, fut: Future[CompiledGrammar], result: CompiledGrammar | None,
-                errors: list[GrammarCompileError]) -> None:
-        """Cache and deliver the outcome of a compile (every engine tried)."""
+    def _settle(self, key: str, spec: GrammarSpec, fut: Future[CompiledGrammar],
+                result: CompiledGrammar | None, errors: list[GrammarCompileError]) -> None:
+        """Cache and deliver the outcome of a compile (every engine tried); start its
+        engine upgrade."""
         with self._inflight_lock:
             if self._inflight.get(key) is fut:
                 del self._inflight[key]
@@ -438,6 +458,8 @@ class CompileService:
                     self._failures.put(key, error)
         if result is not None:
             _resolve(fut, result)
+            if self._upgrade and result.engine_name != UPGRADE_ENGINE:
+                self._start_upgrade(key, spec)
         else:
             self.metrics.inc("compile_timeouts" if isinstance(error, GrammarTimeout)
                              else "compile_errors")
@@ -691,7 +713,7 @@ class _Attempt:
         except Exception as exc:  # noqa: BLE001 - an engine bug fails this spec, not the service
             self._failed(GrammarCompileError(f"{type(exc).__name__}: {exc}", engine=self.name))
             return
-        service._settle(self.key, self.fut, result, self.errors)
+        service._settle(self.key, self.spec, self.fut, result, self.errors)
 
     def _failed(self, error: GrammarCompileError) -> None:
         service = self.service
@@ -706,7 +728,7 @@ class _Attempt:
                 return
             except RuntimeClosed:
                 return
-        service._settle(self.key, self.fut, None, self.errors)
+        service._settle(self.key, self.spec, self.fut, None, self.errors)
 
 
 def _lower_thread_priority() -> None:

@@ -37,6 +37,11 @@ ON_ERROR_POLICIES = ("raise", "terminate", "reject")
 
 PENDING, ACTIVE, TERMINATED, FAILED = "pending", "active", "terminated", "failed"
 
+#: A request moves to its spec's upgraded grammar (``CompiledGrammar.upgraded``) only while
+#: it has accepted at most this many grammar tokens: the move feeds them all to a new
+#: matcher, under the request's lock (xgrammar: about 2 us a token).
+HANDOVER_MAX_TOKENS = 256
+
 # Log entry kinds (one per accepted token), so rollback can cross phase boundaries.
 _THINK, _GRAMMAR, _STOP = 0, 1, 2
 
@@ -142,6 +147,9 @@ class Request:
         self._forced_stop = False
         self._queued: list[int] = []
         self._log: list[int] = []  # entry kind per accepted token
+        # The grammar's tokens so far, for a hand-over to an upgraded grammar (None: none
+        # will be tried).
+        self._grammar_ids: list[int] | None = None
         self._thinking = reasoning is not None
         self._think_log: list[int] = []
         self._think_progress = 0
@@ -184,7 +192,9 @@ class Request:
 
     @property
     def engine_name(self) -> str | None:
-        """The engine that compiled the grammar (``None`` while pending or failed)."""
+        """The engine of the grammar this request runs on (``None`` while pending or
+        failed). It changes once if the spec's engine upgrade lands while the request runs
+        (:meth:`fill_target`)."""
         return self._engine.name if self._engine is not None else None
 
     @property
@@ -246,6 +256,7 @@ class Request:
                 self._fail(err)
                 return
             self._state = ACTIVE
+            self._grammar_ids = []
             queued, self._queued = self._queued, []
             for i, token in enumerate(queued):
                 if self._try_accept(token):
@@ -402,6 +413,12 @@ class Request:
                 self._engine_failed(problem)
             return False
         self._log.append(_GRAMMAR)
+        ids = self._grammar_ids
+        if ids is not None:
+            if len(ids) < HANDOVER_MAX_TOKENS:
+                ids.append(token)
+            else:
+                self._grammar_ids = None
         if matcher.is_terminated():
             self._state = TERMINATED
         return True
@@ -439,6 +456,8 @@ class Request:
         if grammar_n:
             matcher = self._active_matcher()
             matcher.rollback(grammar_n)
+            if self._grammar_ids is not None:
+                del self._grammar_ids[len(self._grammar_ids) - grammar_n:]
             if self._state == TERMINATED and not matcher.is_terminated():
                 self._state = ACTIVE
         if self.reasoning is not None and self._thinking:
@@ -497,11 +516,36 @@ class Request:
         failed or terminated request's row is written here (stop tokens only), as is a
         thinking request's (everything but the stop tokens, or the forced think-end token);
         a pending request's row is left untouched.
+
+        Hand-over: once the spec's engine upgrade has compiled (``engine_upgrade``), a
+        request that has accepted at most :data:`HANDOVER_MAX_TOKENS` grammar tokens moves
+        to the upgraded grammar here, before its next mask: a new matcher is fed the tokens
+        so far. If that matcher rejects one (an engine's documented subset differs) the
+        request keeps its grammar. Read :attr:`engine` after this call.
         """
         if self._state is ACTIVE and not self._thinking and not self._forced_stop:
+            if self._grammar_ids is not None and self._compiled.upgraded is not None:
+                self._hand_over()
             return self._matcher
         self._fill_special(bitmask, row)
         return None
+
+    def _hand_over(self) -> None:
+        """Move to the upgraded grammar, tried once (lock held; the request is ACTIVE)."""
+        new, ids = self._compiled.upgraded, self._grammar_ids or []
+        self._grammar_ids = None
+        try:
+            matcher = new.engine.new_matcher(new.grammar)
+            moved = (all(matcher.accept(t) for t in ids) and matcher.error() is None
+                     and not matcher.is_terminated())
+        except Exception:  # an engine bug: the request goes on with the grammar it has
+            log.exception("hand-over of a request to the %s grammar failed", new.engine_name)
+            moved = False
+        if not moved:
+            self._metrics.inc("handovers_failed")
+            return
+        self._matcher, self._engine, self._compiled = matcher, new.engine, new
+        self._metrics.inc("handovers")
 
     def _fill_special(self, bitmask: Any, row: int) -> None:
         """Rows not filled by the grammar engine. Lock held."""

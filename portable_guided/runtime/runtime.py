@@ -68,9 +68,10 @@ class GrammarRuntime:
     ``disk_cache_dir``); failed compiles are remembered for ``failure_ttl_s`` (with a
     fleet cache, for the whole fleet);
     ``engine_upgrade`` (default on; ``auto`` with a limit only): a JSON schema ``auto``
-    compiled with llguidance is compiled with xgrammar in the background when it is
-    requested again, and later requests get xgrammar's faster masks (``CompileService``,
-    docs/latency.md, "Engine upgrades");
+    compiled with llguidance is compiled with xgrammar in the background as soon as it is
+    ready; later requests get xgrammar's faster masks, and running ones move to them at
+    their next mask (``CompileService``, ``Request.fill_target``; docs/latency.md, "Engine
+    upgrades");
     ``compile_race=True`` races each worker compile with the same compile in this process
     for about one compile's latency instead of the worker's round trip (it costs a second
     core per compile and can leave a never-ending compile running in this process: see

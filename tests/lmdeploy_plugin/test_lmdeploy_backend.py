@@ -503,7 +503,9 @@ def test_default_engine_constrains_each_row() -> None:
     """(Last in the file: it loads the plugin afresh, which ends the module manager's.)
     The backend's default engine (``auto``; this lane's conftest pins ``xgrammar`` for
     the identity tests): greedy steps on random logits beside a free row; the JSON row is
-    masked at every step and its text opens an object."""
+    masked at every step (at the first, everything but an object's opening) and its text
+    opens an object. (Which tokens follow depends on when the schema's engine upgrade
+    lands: the engines allow different tokenizations of one text, e.g. of a key.)"""
     from lmdeploy.pytorch.engine.guided_process import GuidedDecodingManager
     from lmdeploy.pytorch.engine.logits_process import FusedLogitsProcessor
 
@@ -519,11 +521,12 @@ def test_default_engine_constrains_each_row() -> None:
                 assert mgr._pg_runtime.engine == BACKEND_ENGINE == "auto"
                 gen = torch.Generator().manual_seed(9)
                 tokens = []
-                for _ in range(6):
+                for i in range(6):
                     scores, picked, _ = step(mgr, [21, 22], [fmt(PERSON), {"type": "text"}],
                                              torch.randn(2, VOCAB, generator=gen) * 3)
                     assert not torch.isinf(scores[1]).any()  # the free row
-                    assert torch.isinf(scores[0]).sum() > VOCAB // 2  # the JSON row masked
+                    # The JSON row masked (inside a string most tokens are allowed).
+                    assert torch.isinf(scores[0]).sum() > (VOCAB // 2 if i == 0 else 0)
                     tokens.append(picked[0])
             finally:
                 mgr._pg_runtime.close()

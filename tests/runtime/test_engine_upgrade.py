@@ -1,8 +1,9 @@
 """Engine upgrades (``CompileService(upgrade=True)``, the runtime's default under ``auto``): a
-JSON schema llguidance compiled is compiled with xgrammar in the background when it is
-requested again; later requests get xgrammar's grammar, which decides texts as the first
-did; a schema xgrammar refuses keeps llguidance's; background jobs never hold a worker
-slot (they run at the long lane's priority)."""
+JSON schema llguidance compiled is compiled with xgrammar in the background as soon as it
+is ready; later requests get xgrammar's grammar, which decides texts as the first did, and
+running requests move to it at their next mask (hand-over: its masks equal a fresh xgrammar
+matcher's fed the same tokens); a schema xgrammar refuses keeps llguidance's; background
+jobs never hold a worker slot (they run at the long lane's priority)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 from runtime_helpers import decide_text
 
-from portable_guided.runtime import GrammarRuntime, GrammarSpec
+from portable_guided.runtime import GrammarRuntime, GrammarSpec, request
+from portable_guided.runtime import compile_service as service
 from portable_guided.runtime.compile_service import UPGRADE_ENGINE
 
 # Compiled by llguidance first under auto; xgrammar compiles it too.
@@ -45,28 +48,131 @@ def rt(info):
         yield made
 
 
-def test_a_repeated_schema_moves_to_xgrammar_and_decides_alike(rt):
+def test_a_new_schema_moves_to_xgrammar_and_decides_alike(rt):
     spec = GrammarSpec.json_schema(SCHEMA)
     first = rt.compile(spec)
-    assert first.engine_name == "llguidance" and rt.upgrade_state(spec) is None
-    before = {text: decide_text(rt, SCHEMA, text) for text in TEXTS}  # (a hit: it starts)
-    running = rt.new_request(spec).wait(60)  # a request on llguidance's grammar
+    assert first.engine_name == "llguidance"
+    # The upgrade starts with the first compile, not the first repeat.
+    assert rt.upgrade_state(spec) in ("running", "done")
+    running = rt.new_request(spec).wait(60)  # (on llguidance's grammar, unless it landed)
+    head = rt.info.encode('{"n": 5')
+    assert running.accept_tokens(head) == len(head)
     assert _settled(rt, spec) == "done"
     upgraded = rt.compile(spec)
     assert upgraded.engine_name == UPGRADE_ENGINE and upgraded.source == "upgrade"
-    after = {text: decide_text(rt, SCHEMA, text) for text in TEXTS}
-    assert before == after == TEXTS
-    # The request made before keeps its grammar and goes on.
-    ids = rt.info.encode('{"n": 5}')
-    assert running.accept_tokens(ids) == len(ids) and running.accept(rt.info.stop_token_ids[0])
+    assert first.upgraded is upgraded
+    assert {text: decide_text(rt, SCHEMA, text) for text in TEXTS} == TEXTS
+    # The request made before moves over at its next mask and goes on.
+    running.fill(rt.allocate_bitmask(1), 0)
+    assert running.engine_name == UPGRADE_ENGINE
+    tail = rt.info.encode("}")
+    assert running.accept_tokens(tail) == len(tail)
+    assert running.accept(rt.info.stop_token_ids[0]) and running.is_terminated
     assert rt.metrics()["upgrades"] == 1 and rt.metrics()["upgrade_failures"] == 0
+
+
+def _llguidance_and_upgrade(info, schema):
+    """A runtime without upgrades (its grammar for ``schema`` is llguidance's) and that
+    grammar with ``upgraded`` set to xgrammar's, compiled by a second runtime: hand-overs
+    happen exactly when the test says."""
+    spec = GrammarSpec.json_schema(schema)
+    rt = GrammarRuntime(info, "auto", compile_timeout_s=20, engine_upgrade=False)
+    xrt = GrammarRuntime(info, "xgrammar", compile_timeout_s=20)
+    compiled = rt.compile(spec)
+    assert compiled.engine_name == "llguidance"
+    return rt, xrt, spec, compiled, xrt.compile(spec)
+
+
+def _mask_after(rt, req, info):
+    bm = rt.allocate_bitmask(1)
+    req.fill(bm, 0)
+    return bm[0].copy()
+
+
+def test_a_running_request_moves_with_its_tokens_and_rollback_history(info):
+    rt, xrt, spec, compiled, upgraded = _llguidance_and_upgrade(info, SCHEMA)
+    with rt, xrt:
+        ids = info.encode('{"n": 5, "s": "ab')
+        req = rt.new_request(spec).wait(60)
+        assert req.accept_tokens(ids) == len(ids)
+        req.rollback(1)
+        _mask_after(rt, req, info)
+        assert req.engine_name == "llguidance"  # nothing to move to yet
+        compiled.upgraded = upgraded
+        moved = _mask_after(rt, req, info)
+        assert req.engine_name == UPGRADE_ENGINE and rt.metrics()["handovers"] == 1
+        # The reference: a fresh xgrammar request fed the same tokens.
+        ref = xrt.new_request(spec).wait(60)
+        assert ref.accept_tokens(ids[:-1]) == len(ids) - 1
+        np.testing.assert_array_equal(moved, _mask_after(xrt, ref, info))
+        # Its history moved too: the rollback reaches back past the hand-over.
+        req.rollback(len(ids) - 1)
+        ref.rollback(len(ids) - 1)
+        np.testing.assert_array_equal(_mask_after(rt, req, info), _mask_after(xrt, ref, info))
+        rest = info.encode('{"n": 3}')
+        assert req.accept_tokens(rest) == len(rest) and req.accept(info.stop_token_ids[0])
+
+
+def test_a_request_past_the_token_cap_keeps_its_grammar(info, monkeypatch):
+    monkeypatch.setattr(request, "HANDOVER_MAX_TOKENS", 2)
+    rt, xrt, spec, compiled, upgraded = _llguidance_and_upgrade(info, SCHEMA)
+    with rt, xrt:
+        ids = info.encode('{"n": 5')
+        assert len(ids) > 2
+        long, short = rt.new_request(spec).wait(60), rt.new_request(spec).wait(60)
+        assert long.accept_tokens(ids) == len(ids)
+        assert short.accept_tokens(ids[:2]) == 2
+        compiled.upgraded = upgraded
+        _mask_after(rt, long, info)
+        _mask_after(rt, short, info)
+        assert long.engine_name == "llguidance" and short.engine_name == UPGRADE_ENGINE
+        assert long.accept_tokens(info.encode("}")) and long.accept(info.stop_token_ids[0])
+
+
+def test_a_token_the_upgraded_engine_rejects_keeps_the_grammar(info):
+    # A documented subset: a pattern's \s is any whitespace on llguidance, a space only on
+    # xgrammar. A request that wrote a tab stays on llguidance; one that wrote a space moves.
+    schema = {"type": "string", "pattern": "^a\\sb$"}
+    rt, xrt, spec, compiled, upgraded = _llguidance_and_upgrade(info, schema)
+    with rt, xrt:
+        tab, space = rt.new_request(spec).wait(60), rt.new_request(spec).wait(60)
+        tab_ids, space_ids = info.encode('"a\\t'), info.encode('"a ')
+        assert tab.accept_tokens(tab_ids) == len(tab_ids)
+        assert space.accept_tokens(space_ids) == len(space_ids)
+        compiled.upgraded = upgraded
+        _mask_after(rt, tab, info)
+        _mask_after(rt, space, info)
+        assert tab.engine_name == "llguidance" and space.engine_name == UPGRADE_ENGINE
+        assert rt.metrics()["handovers_failed"] == 1 and rt.metrics()["handovers"] == 1
+        for req in (tab, space):
+            end = info.encode('b"')
+            assert req.accept_tokens(end) == len(end) and req.accept(info.stop_token_ids[0])
+
+
+def test_no_hand_over_where_each_engine_has_its_own_layout(rt):
+    # Without free whitespace xgrammar writes `", "` and `": "`, llguidance neither: a request
+    # moved mid-text would mix them. Later requests still get xgrammar's grammar.
+    spec = GrammarSpec.json_schema(SCHEMA, any_whitespace=False)
+    first = rt.compile(spec)
+    assert first.engine_name == "llguidance"
+    assert _settled(rt, spec) == "done"
+    assert first.upgraded is None and rt.compile(spec).engine_name == UPGRADE_ENGINE
+
+
+def test_a_full_upgrade_queue_leaves_the_schema_to_a_later_request(rt, monkeypatch):
+    spec = GrammarSpec.json_schema(SCHEMA)
+    monkeypatch.setattr(service, "UPGRADES_QUEUED_MAX", 0)
+    rt.compile(spec)
+    assert rt.upgrade_state(spec) is None
+    monkeypatch.setattr(service, "UPGRADES_QUEUED_MAX", 32)
+    rt.compile(spec)  # a memory hit tries again
+    assert _settled(rt, spec) == "done"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value")
 def test_the_upgrade_compiles_in_this_process_at_low_priority(rt):
     before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     spec = GrammarSpec.json_schema(SCHEMA)
-    rt.compile(spec)
     rt.compile(spec)
     assert _settled(rt, spec) == "done"
     upgraders = [t for t in threading.enumerate() if t.name.startswith("pg-upgrade")]
@@ -80,7 +186,6 @@ def test_a_schema_xgrammar_refuses_keeps_its_grammar_and_is_tried_once(rt):
     # xgrammar drops length bounds beside a pattern: refused there, llguidance enforces it.
     schema = {"type": "string", "pattern": "^a+$", "maxLength": 3}
     spec = GrammarSpec.json_schema(schema)
-    rt.compile(spec)
     rt.compile(spec)
     assert _settled(rt, spec) == "failed"
     for _ in range(3):
