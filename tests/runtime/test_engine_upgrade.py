@@ -83,7 +83,7 @@ def _llguidance_and_upgrade(info, schema):
     return rt, xrt, spec, compiled, xrt.compile(spec)
 
 
-def _mask_after(rt, req, info):
+def _mask_after(rt, req):
     bm = rt.allocate_bitmask(1)
     req.fill(bm, 0)
     return bm[0].copy()
@@ -96,21 +96,38 @@ def test_a_running_request_moves_with_its_tokens_and_rollback_history(info):
         req = rt.new_request(spec).wait(60)
         assert req.accept_tokens(ids) == len(ids)
         req.rollback(1)
-        _mask_after(rt, req, info)
+        _mask_after(rt, req)
         assert req.engine_name == "llguidance"  # nothing to move to yet
         compiled.upgraded = upgraded
-        moved = _mask_after(rt, req, info)
+        moved = _mask_after(rt, req)
         assert req.engine_name == UPGRADE_ENGINE and rt.metrics()["handovers"] == 1
         # The reference: a fresh xgrammar request fed the same tokens.
         ref = xrt.new_request(spec).wait(60)
         assert ref.accept_tokens(ids[:-1]) == len(ids) - 1
-        np.testing.assert_array_equal(moved, _mask_after(xrt, ref, info))
+        np.testing.assert_array_equal(moved, _mask_after(xrt, ref))
         # Its history moved too: the rollback reaches back past the hand-over.
         req.rollback(len(ids) - 1)
         ref.rollback(len(ids) - 1)
-        np.testing.assert_array_equal(_mask_after(rt, req, info), _mask_after(xrt, ref, info))
+        np.testing.assert_array_equal(_mask_after(rt, req), _mask_after(xrt, ref))
         rest = info.encode('{"n": 3}')
         assert req.accept_tokens(rest) == len(rest) and req.accept(info.stop_token_ids[0])
+
+
+def test_a_batch_fill_moves_its_requests_and_fills_them_with_the_new_engine(info):
+    rt, xrt, spec, compiled, upgraded = _llguidance_and_upgrade(info, SCHEMA)
+    with rt, xrt:
+        texts = ['{"n": 5', '{"n": 5, "s": "a']
+        reqs = [rt.new_request(spec).wait(60) for _ in texts]
+        refs = [xrt.new_request(spec).wait(60) for _ in texts]
+        for text, req, ref in zip(texts, reqs, refs, strict=True):
+            ids = info.encode(text)
+            assert req.accept_tokens(ids) == ref.accept_tokens(ids) == len(ids)
+        compiled.upgraded = upgraded
+        got, want = rt.allocate_bitmask(2), xrt.allocate_bitmask(2)
+        rt.fill_bitmask(reqs, got)  # (grouped by engine after the move)
+        xrt.fill_bitmask(refs, want)
+        assert [r.engine_name for r in reqs] == [UPGRADE_ENGINE] * 2
+        np.testing.assert_array_equal(got, want)
 
 
 def test_a_request_past_the_token_cap_keeps_its_grammar(info, monkeypatch):
@@ -123,8 +140,8 @@ def test_a_request_past_the_token_cap_keeps_its_grammar(info, monkeypatch):
         assert long.accept_tokens(ids) == len(ids)
         assert short.accept_tokens(ids[:2]) == 2
         compiled.upgraded = upgraded
-        _mask_after(rt, long, info)
-        _mask_after(rt, short, info)
+        _mask_after(rt, long)
+        _mask_after(rt, short)
         assert long.engine_name == "llguidance" and short.engine_name == UPGRADE_ENGINE
         assert long.accept_tokens(info.encode("}")) and long.accept(info.stop_token_ids[0])
 
@@ -140,8 +157,8 @@ def test_a_token_the_upgraded_engine_rejects_keeps_the_grammar(info):
         assert tab.accept_tokens(tab_ids) == len(tab_ids)
         assert space.accept_tokens(space_ids) == len(space_ids)
         compiled.upgraded = upgraded
-        _mask_after(rt, tab, info)
-        _mask_after(rt, space, info)
+        _mask_after(rt, tab)
+        _mask_after(rt, space)
         assert tab.engine_name == "llguidance" and space.engine_name == UPGRADE_ENGINE
         assert rt.metrics()["handovers_failed"] == 1 and rt.metrics()["handovers"] == 1
         for req in (tab, space):
