@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from portable_guided.harness.maskbench import load_records, run_mode, summarize, write_results
-from portable_guided.runtime import load_tokenizer_info
+from portable_guided.runtime import compile_service, load_tokenizer_info
 
 MODES = ("runtime:xgrammar", "runtime:llguidance", "runtime:auto", "raw:xgrammar")
 
@@ -59,9 +59,14 @@ def main() -> None:
                     help="the first requests' decode step: after each token, sleep this "
                     "long while the schema's engine upgrade runs (default 0: masks back to "
                     "back)")
+    ap.add_argument("--upgrade-limit-s", type=float, default=None,
+                    help="the engine upgrade's compile limit (default: the runtime's "
+                    "UPGRADE_LIMIT_S)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
+    if args.upgrade_limit_s is not None:
+        compile_service.UPGRADE_LIMIT_S = args.upgrade_limit_s
     files = list(args.files)
     if args.jsb_dir:
         files += _join_jsb(Path(args.jsb_dir), Path(args.work))
