@@ -8,19 +8,28 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+if sys.version_info >= (3, 11):  # Python's regex parser (widths only): re._parser from 3.11
+    from re import _constants as _sre_constants  # type: ignore[attr-defined]
+    from re import _parser as _sre_parser  # type: ignore[attr-defined]
+else:  # pragma: no cover - Python 3.10
+    import sre_constants as _sre_constants
+    import sre_parse as _sre_parser
+
 from .algebra import _no_inline, _NotExact, merge
 from .keywords import _ANNOTATIONS
-from .walk import _children_mapped, _map_bottom_up, _nodes, iter_schemas, node_patterns
+from .values import has_type
+from .walk import _children_mapped, _map_bottom_up, _nodes, iter_schemas, map_schemas, node_patterns
 from .xgrammar_patterns import (
     LARGEST_JSON_REPEAT,
     MAX_ESCAPED_MIN_LENGTH,
     exact_pattern,
 )
 
-__all__ = ["length_pattern", "pattern_with_lengths", "search_pattern", "structured_values_text",
+__all__ = ["declared_required", "length_pattern", "lengths_implied", "typed_values", "pattern_with_lengths", "search_pattern", "structured_values_text",
            "xgrammar_exact_strings"]
 
 
@@ -39,6 +48,58 @@ def structured_values_text(text: str) -> str:
         return text
     out = _map_bottom_up(json.loads(text), _structured_values)
     return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+
+
+def declared_required(schema: Any) -> Any:
+    """``schema`` with each ``required`` name an object does not declare added to its
+    ``properties``, as the schema its value already had to match: ``additionalProperties``
+    (``{}`` where that is absent or true). The same language (a name's value is checked by
+    ``properties`` instead of ``additionalProperties``, which then no longer applies to it),
+    written so that xgrammar 0.2.8 enforces the name: it ignores a required name that
+    ``properties`` lacks. Only on objects typed ``"object"`` with no ``patternProperties``
+    (whose matching names would need a search here) and ``additionalProperties`` absent, true
+    or a schema; not where ``unevaluated*`` would see the names this declares."""
+    nodes = [node for _, node in iter_schemas(schema)]
+    if (not any(_declare_required(node) is not node for node in nodes)
+            or any(k.startswith("unevaluated") for node in nodes for k in node)):
+        return schema
+    return map_schemas(schema, _declare_required)
+
+
+def _declare_required(node: Mapping[str, Any]) -> Mapping[str, Any]:
+    required = node.get("required")
+    props = node.get("properties", {})
+    rest = node.get("additionalProperties", True)
+    if (node.get("type") != "object" or not isinstance(required, list)
+            or "patternProperties" in node or not isinstance(props, Mapping)
+            or not (rest is True or isinstance(rest, Mapping))):
+        return node
+    missing = [n for n in required if isinstance(n, str) and n not in props]
+    if not missing:
+        return node
+    value = dict(rest) if isinstance(rest, Mapping) else {}
+    return {**node, "properties": {**props, **{n: value for n in dict.fromkeys(missing)}}}
+
+
+def typed_values(schema: Any) -> Any:
+    """``schema`` with each ``enum`` beside a ``type`` left with the values of that type (the
+    others were never valid there): the same language, written so that xgrammar 0.2.8, which
+    ignores the ``type`` beside an ``enum``, enforces it (``{"type": "string", "enum": [null,
+    "a"]}`` is ``"a"`` only). An ``enum`` with no value of its type is left as written (its
+    language is empty: refused)."""
+    if not any(_typed_values(node) is not node for _, node in iter_schemas(schema)):
+        return schema
+    return map_schemas(schema, _typed_values)
+
+
+def _typed_values(node: Mapping[str, Any]) -> Mapping[str, Any]:
+    types = node.get("type")
+    types = [types] if isinstance(types, str) else types
+    values = node.get("enum")
+    if not (isinstance(types, list) and types and isinstance(values, list)):
+        return node
+    kept = [v for v in values if has_type(v, types)]
+    return {**node, "enum": kept} if kept and len(kept) < len(values) else node
 
 
 def _enum_values(schema: Any) -> Iterator[Any]:
@@ -162,6 +223,34 @@ def pattern_with_lengths(pattern: str, low: int, high: int | None) -> str | None
     return f"^{atom}{{{lo},{'' if hi is None else hi}}}$"
 
 
+#: Syntax whose meaning differs between Python's ``re`` (which measures the widths below) and
+#: ECMA-262: ``{,n}`` (a literal there), ``\A``/``\Z``/``\z``, groups with ``(?``
+#: other than ``(?:``, back-references and UTF-16 surrogate escapes.
+_NOT_MEASURED = re.compile(r"\{,|\\[AZz1-9]|\(\?(?!:)|\\u[dD][89a-fA-F]")
+
+
+def lengths_implied(pattern: str, low: int, high: int | None) -> bool:
+    """Whether every string that the anchored ``pattern`` (``^...$`` around the whole of
+    it) matches is ``low`` to ``high`` characters long (``high`` None: unbounded), so that
+    ``minLength``/``maxLength`` beside it decide nothing (``^[A-Z]{2}$`` with ``maxLength:
+    255``). False where that is not certain (an unanchored pattern, a top-level ``|``,
+    syntax Python reads differently from ECMA-262)."""
+    if _NOT_MEASURED.search(pattern):
+        return False
+    try:
+        parsed = _sre_parser.parse(pattern)
+        first: Any = parsed[0]
+        last: Any = parsed[-1]
+        least, most = parsed.getwidth()
+    except Exception:  # noqa: BLE001 - not read by Python's parser: not certain
+        return False
+    at = _sre_constants.AT
+    if first != (at, _sre_constants.AT_BEGINNING) or last != (at, _sre_constants.AT_END):
+        return False
+    unbounded = most >= _sre_constants.MAXREPEAT - 1
+    return least >= low and (high is None or not unbounded and most <= high)
+
+
 def _bounds(node: Mapping[str, Any]) -> tuple[int, int | None] | None:
     """``(minLength, maxLength)`` where ``node`` has either and both are integers (a missing
     ``maxLength`` is None), else ``None``."""
@@ -234,6 +323,10 @@ def xgrammar_exact_strings(schema: Any) -> tuple[Any, list[str]]:
             if pattern is not None:
                 out["pattern"] = pattern
         beside = _pattern_lengths(out)
+        if beside is not None and lengths_implied(out["pattern"], *beside):
+            out.pop("minLength", None)
+            out.pop("maxLength", None)
+            beside = None
         folded = None if beside is None else pattern_with_lengths(out["pattern"], *beside)
         if folded is not None:
             out.pop("minLength", None)

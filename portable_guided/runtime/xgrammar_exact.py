@@ -27,6 +27,7 @@ pattern costs 10-400 ms.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Mapping
 from decimal import Decimal
@@ -36,15 +37,18 @@ from ..json_schema.keywords import ANNOTATIONS
 from ..json_schema.numbers import plain_number_range
 from ..json_schema.walk import map_schemas
 from ..json_schema.xgrammar_patterns import MAX_ESCAPED_MIN_LENGTH
-from .engines.base import UnsupportedSpec
+from .engines.base import EmptyLanguage, UnsupportedSpec
 
-__all__ = ["exact_placeholders", "min_length_rules", "range_rules", "substitute_exact"]
+__all__ = ["drop_absent", "exact_placeholders", "min_length_rules", "range_rules", "substitute_exact"]
 
 _LOWER = {"minimum": False, "exclusiveMinimum": True}
 _UPPER = {"maximum": False, "exclusiveMaximum": True}
 # A random part: no schema can be written to hold a placeholder's text in advance (a
 # pattern xgrammar folds into the same literal, say).
 _PLACEHOLDER = f"pg-exact-{secrets.token_hex(8)}-"
+#: The placeholder of a property that must be absent, and its literal in xgrammar's grammar.
+_ABSENT = f"{_PLACEHOLDER}absent"
+_ABSENT_LITERAL = json.dumps(json.dumps(_ABSENT))
 
 #: A bound: the decimal and whether it is exclusive.
 Bound = tuple[Decimal, bool]
@@ -94,7 +98,7 @@ def exact_placeholders(text: str, rules: dict[str, str]) -> str:
     itself when there is none (or when a placeholder's text occurs in the schema: then
     xgrammar's own forms stay)."""
     if '"minimum"' not in text and '"maximum"' not in text and '"exclusiveM' not in text and (
-            '"minLength"' not in text):
+            '"minLength"' not in text) and "false" not in text:
         return text
     schema = json.loads(text)
     if _PLACEHOLDER in json.dumps(schema):
@@ -103,6 +107,16 @@ def exact_placeholders(text: str, rules: dict[str, str]) -> str:
 
     def replace(node: Mapping[str, Any]) -> Any:
         nonlocal added
+        props = node.get("properties")
+        if isinstance(props, Mapping) and any(v is False for v in props.values()):
+            # A property that must be absent: xgrammar refuses a `false` schema, and a
+            # property left out of `properties` would be free under additionalProperties.
+            # Declared with a placeholder, its name stays out of the free names; the
+            # alternatives that write it are then dropped (drop_absent).
+            rules[_ABSENT_LITERAL] = ""
+            added += 1
+            node = {**node, "properties": {k: {"const": _ABSENT} if v is False else v
+                                           for k, v in props.items()}}
         bounds = _range(node)
         low = None if bounds is not None else _min_length(node)
         if bounds is None and low is None:
@@ -132,14 +146,111 @@ def substitute_exact(ebnf: str, rules: Mapping[str, str]) -> str:
     may be absent: xgrammar writes no rule for a definition nothing refers to). Raises
     :class:`UnsupportedSpec` when a placeholder is left in another form (xgrammar wrote the
     const in a way not foreseen: refused, not guessed)."""
+    if _ABSENT_LITERAL in rules:
+        ebnf = drop_absent(ebnf)
     added: dict[str, None] = {}  # rule lines, each once (rules share their helpers)
     for literal, rule_text in rules.items():
+        if literal == _ABSENT_LITERAL:
+            continue
         if literal in ebnf:
             ebnf = ebnf.replace(literal, rule_text.split(" ", 1)[0])
             added.update(dict.fromkeys(rule_text.splitlines()))
     if _PLACEHOLDER in ebnf:
         raise UnsupportedSpec("xgrammar wrote a placeholder in a form not foreseen")
     return ebnf.rstrip("\n") + "\n" + "\n".join(added) + "\n"
+
+
+def drop_absent(ebnf: str) -> str:
+    """xgrammar's grammar text without the alternatives that write a property that must be
+    absent (its value the placeholder of :func:`exact_placeholders`), and without the rules
+    left with no alternative (a required property that must be absent: a rule that accepts
+    nothing, dropped from the alternatives that use it in turn). Raises
+    :class:`UnsupportedSpec` where the placeholder, or a rule left empty, is used inside a
+    group or a repeat (a form not foreseen: refused, not guessed), and
+    :class:`.engines.base.EmptyLanguage` when ``root`` is left with no alternative."""
+    lines: dict[str, str] = {}
+    rules: dict[str, tuple[list[tuple[str, list[str]]], str]] = {}
+    for line in ebnf.splitlines():
+        if line.strip():
+            name, _, body = line.partition(" ::= ")
+            lines[name] = line
+            parsed = _alternatives(body)
+            if parsed is not None:  # (else a Regex(...) or other opaque form: kept)
+                rules[name] = parsed
+    dead = {_ABSENT_LITERAL}
+    edited: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, (alts, rest) in rules.items():
+            if name in dead:
+                continue
+            kept = [a for a in alts if not any(item in dead for item in a[1])]
+            if len(kept) < len(alts):
+                changed = True
+                rules[name] = (kept, rest)
+                edited.add(name)
+                if not kept:
+                    dead.add(name)
+    if "root" in dead:
+        raise EmptyLanguage("the grammar accepts no output at all (a required property "
+                            "must be absent)")
+    out = []
+    for name, line in lines.items():
+        if name in dead:
+            continue
+        if name in edited:
+            alts, rest = rules[name]
+            line = f"{name} ::= ({' | '.join(text for text, _ in alts)}){rest}"
+        if not dead.isdisjoint(_TOKEN.findall(line.partition(" ::= ")[2])):
+            raise UnsupportedSpec("xgrammar wrote an absent property in a form not foreseen")
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+#: A token of xgrammar's grammar text: a literal, a character class, a name, a repeat's
+#: bounds, or one character.
+_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|[A-Za-z_]\w*|\{[^}]*\}|\S')
+_QUANTIFIERS = ("*", "+", "?")
+
+
+def _alternatives(body: str) -> tuple[list[tuple[str, list[str]]], str] | None:
+    """A rule body of xgrammar's text, ``((a b) | (c)) (=(lookahead))``, as its top-level
+    alternatives, each its text and the items of its own sequence (a group or a repeated
+    item is not one of them), and the text after them; None for another form."""
+    tokens = list(_TOKEN.finditer(body))
+    if not tokens or tokens[0].group() != "(":
+        return None
+    alts: list[tuple[str, list[str]]] = []
+    depth, start = 0, None
+    items: list[str] = []
+    for i, m in enumerate(tokens):
+        t = m.group()
+        nxt = tokens[i + 1].group() if i + 1 < len(tokens) else ""
+        if t == "(":
+            depth += 1
+            if depth == 2 and start is None:
+                start = m.start()
+            continue
+        if t == ")":
+            depth -= 1
+            if depth == 0:
+                if start is not None:
+                    alts.append((body[start:m.start()].strip(), items))
+                return alts, body[m.end():]
+            continue
+        if depth == 1 and t == "|":
+            alts.append((body[start:m.start()].strip(), items))
+            start, items = None, []
+            continue
+        if depth == 1 and start is None:
+            start = m.start()
+        # An item of the alternative's own sequence: inside its parentheses (depth 2) or
+        # bare (depth 1), and not repeated.
+        quantified = nxt in _QUANTIFIERS or nxt.startswith("{")
+        if not quantified and (depth == 2 or depth == 1):
+            items.append(t)
+    return None
 
 
 #: A character of a JSON string written as it is, and the escapes (a surrogate pair is one

@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Any
 from ...json_schema.lowering import engine_schema_text, refuse_unsatisfiable
 from ...json_schema.refusals import unsound, xgrammar_escapes, xgrammar_unsupported
 from ...json_schema.strict import xgrammar_open_schema
-from ...json_schema.xgrammar_forms import structured_values_text, xgrammar_exact_strings
+from ...json_schema.xgrammar_forms import (
+    declared_required,
+    structured_values_text,
+    typed_values,
+    xgrammar_exact_strings,
+)
 from ..specs import GrammarSpec
 from ..xgrammar_exact import exact_placeholders, substitute_exact
 from .base import (
@@ -213,6 +218,9 @@ class XGrammarEngine(Engine):
         if spec.option("any_whitespace", True):
             text = structured_values_text(text)
         schema = json.loads(text)
+        declared = typed_values(declared_required(schema))
+        if declared is not schema:
+            schema, text = declared, json.dumps(declared)
         exact, unscanned = xgrammar_exact_strings(schema)
         if exact is not schema:
             schema, text = exact, json.dumps(exact)

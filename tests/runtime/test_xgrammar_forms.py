@@ -1,0 +1,225 @@
+"""Rewrites that let xgrammar 0.2.8 compile a schema it would otherwise refuse, each the same
+language: the reference is ``jsonschema`` on the schema as written (the rewrite itself) and on
+texts the xgrammar engine decides (the engine's grammar)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from runtime_helpers import decide_text
+
+from portable_guided.json_schema.xgrammar_forms import declared_required
+
+jsonschema = pytest.importorskip("jsonschema")
+
+#: Objects whose ``required`` names a property that ``properties`` does not declare.
+UNDECLARED = [
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
+    {"type": "object", "required": ["b"]},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"],
+     "additionalProperties": {"type": "string", "maxLength": 2}},
+    {"type": "object", "required": ["b", "c"], "additionalProperties": True},
+    {"type": "object", "properties": {"o": {"$ref": "#/$defs/inner"}},
+     "$defs": {"inner": {"type": "object", "required": ["x"],
+                         "additionalProperties": {"type": "boolean"}}}},
+]
+
+#: Left as written: the rewrite would need a search (patternProperties), would change what
+#: unevaluatedProperties sees, or the object forbids the name (nothing to declare).
+KEPT = [
+    {"type": "object", "required": ["b"], "patternProperties": {"^b": {"type": "null"}}},
+    {"type": "object", "required": ["b"], "unevaluatedProperties": False},
+    {"type": "object", "required": ["b"], "additionalProperties": False},
+    {"required": ["b"]},
+    {"type": "object", "properties": {"b": {}}, "required": ["b"]},
+]
+
+INSTANCES = [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": "x"}, {"b": "xyz"}, {"b": True},
+             {"a": "1", "b": "x"}, {"o": {}}, {"o": {"x": True}}, {"o": {"x": 1}},
+             {"o": {"x": False, "y": None}}, {"b": None, "c": 1}, [], "b", 3]
+
+
+def _valid(schema, x):
+    return jsonschema.Draft202012Validator(schema).is_valid(x)
+
+
+@pytest.mark.parametrize("schema", UNDECLARED)
+def test_required_names_are_declared_as_the_same_language(schema):
+    written = declared_required(schema)
+    assert written is not schema
+    assert [_valid(written, x) for x in INSTANCES] == [_valid(schema, x) for x in INSTANCES]
+    for _, node in _objects(written):  # every required name is now declared
+        assert set(node.get("required", [])) <= set(node.get("properties", {})), node
+
+
+@pytest.mark.parametrize("schema", KEPT)
+def test_other_objects_are_left_as_written(schema):
+    assert declared_required(schema) is schema
+
+
+@pytest.mark.parametrize("schema", UNDECLARED)
+def test_xgrammar_enforces_required_names_it_used_to_refuse(schema, runtimes):
+    """The xgrammar engine compiles these (it refused them: xgrammar ignores the name) and
+    decides each instance as the validator does (declared properties written first, in
+    schema order: the engines' documented order)."""
+    order = list(declared_required(schema).get("properties", {}))
+    for x in INSTANCES:
+        if isinstance(x, dict):
+            x = dict(sorted(x.items(), key=lambda kv: (
+                order.index(kv[0]) if kv[0] in order else len(order))))
+        assert decide_text(runtimes["xgrammar"], schema, json.dumps(x)) == _valid(schema, x), (
+            schema, x)
+
+
+def _objects(schema):
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            yield None, node
+            stack += node.values()
+        elif isinstance(node, list):
+            stack += node
+
+
+# -- lengths a pattern implies ---------------------------------------------------------------
+def _random_anchored(rng) -> str:
+    atoms = ["a", "b", "[ab]", "\\d", ".", "(?:ab|a)", "(a|bb)", "[^a]"]
+    quantifiers = ["", "", "?", "*", "+", "{2}", "{0,2}", "{1,3}", "{2,}"]
+    body = "".join(rng.choice(atoms) + rng.choice(quantifiers) for _ in range(rng.randint(1, 3)))
+    return rng.choice([f"^{body}$", f"^{body}$", body, f"^{body}", f"^a|{body}$"])
+
+
+def test_lengths_implied_only_where_every_match_has_them():
+    """Reference: every string up to 6 characters over a small alphabet that the pattern
+    matches as ECMA-262 (a search) reads it, and its length."""
+    import itertools
+    import random
+    import re
+
+    from portable_guided.json_schema.xgrammar_forms import lengths_implied
+
+    strings = ["".join(p) for n in range(7) for p in itertools.product("ab1", repeat=n)]
+    rng = random.Random(7)
+    implied = 0
+    for _ in range(400):
+        pattern = _random_anchored(rng)
+        low, high = rng.choice([0, 1, 2, 3]), rng.choice([None, 1, 2, 3, 4, 255])
+        if not lengths_implied(pattern, low, high):
+            continue
+        implied += 1
+        lengths = {len(s) for s in strings if re.search(pattern, s)}
+        assert all(low <= n and (high is None or n <= high) for n in lengths), (
+            pattern, low, high, sorted(lengths))
+    assert implied > 30  # (the reference saw enough positive answers)
+
+
+@pytest.mark.parametrize("pattern, low, high, implied", [
+    ("^[A-Z]{2}$", 0, 255, True),
+    ("^(ABW|AFG|AGO)$", None, 255, True),
+    ("^[\\+\\w-]{5,96}$", 5, 96, True),
+    ("^(?:\\S+\\s+){0,99}\\S+$", 1, None, True),
+    ("^[A-Z]+$", 0, 255, False),  # unbounded
+    ("^[A-Z]{2}$", 3, None, False),
+    ("[A-Z]{2}", 0, 5, False),  # searched: other characters around it
+    ("^a|b$", 0, 5, False),  # a top-level alternation: not anchored as a whole
+    ("^a{,5}$", 0, 9, False),  # a literal "{,5}" in ECMA-262, a repeat in Python
+    ("^a\\$", 0, 3, False),
+])
+def test_lengths_implied_examples(pattern, low, high, implied, runtimes):
+    """The MaskBench shapes; where implied, xgrammar compiles the schema it refused before
+    (bounds beside a pattern) and decides as the validator does, but that it writes no
+    escape in a pattern's string (its documented subset: it only rejects more)."""
+    from portable_guided.json_schema.xgrammar_forms import lengths_implied
+
+    assert lengths_implied(pattern, low or 0, high) is implied
+    if not implied:
+        return
+    schema = {"type": "string", "pattern": pattern, "maxLength": high}
+    if low is not None:
+        schema["minLength"] = low
+    if high is None:
+        del schema["maxLength"]
+    for value in ["AB", "ABW", "AFG", "abc", "a b c", "x" * 5, "x" * 97, "", "A", 'A"']:
+        got = decide_text(runtimes["xgrammar"], schema, json.dumps(value))
+        assert got is not None, schema
+        if got or '"' not in value:
+            assert got == _valid(schema, value), (schema, value)
+
+
+# -- enum values of the declared type --------------------------------------------------------
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "enum": [None, "Architect", "QE"]},
+    {"type": ["integer", "null"], "enum": [1, 2.0, 2.5, "1", None, True]},
+    {"type": "object", "properties": {"t": {"type": "string", "enum": ["s", "e", None]}},
+     "required": ["t"]},
+])
+def test_enum_values_outside_the_type_are_dropped_as_the_same_language(schema, runtimes):
+    from portable_guided.json_schema.xgrammar_forms import typed_values
+
+    instances = [None, "Architect", "QE", "x", 1, 2, 2.5, "1", True, {"t": "s"}, {"t": None},
+                 {"t": "e"}, {}]
+    written = typed_values(schema)
+    assert written is not schema
+    assert [_valid(written, x) for x in instances] == [_valid(schema, x) for x in instances]
+    for x in instances:  # xgrammar compiles it (it refused it) and decides as the validator
+        assert decide_text(runtimes["xgrammar"], schema, json.dumps(x)) == _valid(schema, x), (
+            schema, x)
+
+
+def test_an_enum_with_no_value_of_its_type_is_left_as_written():
+    from portable_guided.json_schema.xgrammar_forms import typed_values
+
+    schema = {"type": "object", "enum": ["MODIFIABLE", "DELETABLE"]}
+    assert typed_values(schema) is schema
+
+
+# -- properties that must be absent ----------------------------------------------------------
+ABSENT = [
+    {"type": "object", "properties": {"a": {"type": "integer"}, "base": False,
+                                       "c": {"type": "string"}}},
+    {"type": "object", "properties": {"base": False}},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "base": False},
+     "required": ["a"], "additionalProperties": {"type": "integer"}},
+    # The lowering's disjoint oneOf branches (MaskBench Glaiveai2K calculate_area).
+    {"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["base"]}],
+     "properties": {"a": {"type": "number"}, "base": {"type": "number"}}},
+]
+ABSENT_INSTANCES = [{}, {"a": 1}, {"base": 1}, {"a": 1, "base": 2}, {"a": 1, "c": "x"},
+                    {"a": 1, "z": 3}, {"z": "s"}, {"a": 1, "c": "x", "base": None},
+                    {"c": "x"}, {"base": 1, "z": 2}, {"basex": 1}, {"bas": 1}]
+
+
+@pytest.mark.parametrize("schema", ABSENT)
+def test_properties_that_must_be_absent_compile_on_xgrammar(schema, runtimes):
+    """xgrammar refuses a `false` property schema ("Schema 'false' cannot accept any
+    value"); declared with a placeholder whose alternatives are dropped, the name is
+    neither written as declared nor free among the undeclared names (validator)."""
+    for x in ABSENT_INSTANCES:
+        assert decide_text(runtimes["xgrammar"], schema, json.dumps(x)) == _valid(schema, x), (
+            schema, x)
+
+
+def test_a_required_property_that_must_be_absent_is_an_empty_language():
+    from portable_guided.runtime.engines.base import EmptyLanguage
+    from portable_guided.runtime.xgrammar_exact import _ABSENT_LITERAL, drop_absent
+
+    ebnf = ('root ::= (("{" "\\"a\\"" ": " root_prop_0 "}"))\n'
+            f'root_prop_0 ::= (({_ABSENT_LITERAL}))\n')
+    with pytest.raises(EmptyLanguage):
+        drop_absent(ebnf)
+
+
+def test_an_absent_property_inside_a_repeat_is_refused_not_guessed():
+    from portable_guided.runtime.engines.base import UnsupportedSpec
+    from portable_guided.runtime.xgrammar_exact import _ABSENT_LITERAL, drop_absent
+
+    ebnf = ('root ::= (("[" root_item{0, -1} "]"))\n'
+            f'root_item ::= (({_ABSENT_LITERAL}) | ("1"))\n'
+            f'root_other ::= (("x" ({_ABSENT_LITERAL})*))\n')
+    with pytest.raises(UnsupportedSpec):
+        drop_absent(ebnf)
+    # Where it is an item of an alternative, the alternative goes and the rest stays.
+    kept = drop_absent(ebnf.rsplit("\n", 2)[0] + "\n")
+    assert _ABSENT_LITERAL not in kept and 'root_item ::= (("1"))' in kept
