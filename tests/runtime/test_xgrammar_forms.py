@@ -223,3 +223,15 @@ def test_an_absent_property_inside_a_repeat_is_refused_not_guessed():
     # Where it is an item of an alternative, the alternative goes and the rest stays.
     kept = drop_absent(ebnf.rsplit("\n", 2)[0] + "\n")
     assert _ABSENT_LITERAL not in kept and 'root_item ::= (("1"))' in kept
+
+
+# -- known gap -------------------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="known gap (docs/json_schema.md, 'Escaped property "
+                   "names'): both engines read a free property name as written, so an "
+                   "escaped spelling of a declared name escapes the declared schema")
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+def test_an_escaped_spelling_of_a_declared_name_is_not_a_free_name(engine, runtimes):
+    schema = {"type": "object", "properties": {"ab": {"type": "integer"}}}
+    text = '{"\\u0061b": "x"}'  # the name "ab", its value not an integer
+    assert not _valid(schema, json.loads(text))
+    assert decide_text(runtimes[engine], schema, text) is False
