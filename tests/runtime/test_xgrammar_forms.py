@@ -201,6 +201,23 @@ def test_properties_that_must_be_absent_compile_on_xgrammar(schema, runtimes):
             schema, x)
 
 
+def test_an_absent_property_in_a_tool_call_schema(runtimes):
+    """A structural tag's schemas go through the same forms (xgrammar compiles a tag's
+    grammar from its own text): the absent name cannot be written there either."""
+    from portable_guided.runtime import GrammarSpec
+
+    rt = runtimes["xgrammar"]
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "base": False}}
+    spec = GrammarSpec.structural_tag([{"begin": "<f>", "schema": schema, "end": "</f>"}],
+                                      ["<f>"])
+    for text, expected in [('hi <f>{"a": 1}</f>', True), ('hi <f>{"base": 1}</f>', False),
+                           ('hi <f>{"a": 1, "base": 2}</f>', False)]:
+        req = rt.new_request(spec, on_error="reject").wait(60)
+        assert not req.failed
+        ids = rt.info.encode(text)
+        assert (req.accept_tokens(ids) == len(ids)) is expected, text
+
+
 def test_a_required_property_that_must_be_absent_is_an_empty_language():
     from portable_guided.runtime.engines.base import EmptyLanguage
     from portable_guided.runtime.xgrammar_exact import _ABSENT_LITERAL, drop_absent
