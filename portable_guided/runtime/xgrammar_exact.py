@@ -222,7 +222,7 @@ def _alternatives(body: str) -> tuple[list[tuple[str, list[str]]], str] | None:
     if not tokens or tokens[0].group() != "(":
         return None
     alts: list[tuple[str, list[str]]] = []
-    depth, start = 0, None
+    depth, start, own = 0, None, 0  # own: the depth of the alternative's own sequence
     items: list[str] = []
     for i, m in enumerate(tokens):
         t = m.group()
@@ -230,7 +230,7 @@ def _alternatives(body: str) -> tuple[list[tuple[str, list[str]]], str] | None:
         if t == "(":
             depth += 1
             if depth == 2 and start is None:
-                start = m.start()
+                start, own = m.start(), 2
             continue
         if t == ")":
             depth -= 1
@@ -244,11 +244,11 @@ def _alternatives(body: str) -> tuple[list[tuple[str, list[str]]], str] | None:
             start, items = None, []
             continue
         if depth == 1 and start is None:
-            start = m.start()
-        # An item of the alternative's own sequence: inside its parentheses (depth 2) or
-        # bare (depth 1), and not repeated.
+            start, own = m.start(), 1
+        # An item of the alternative's own sequence (inside its parentheses, or bare), not
+        # inside a group of it and not repeated.
         quantified = nxt in _QUANTIFIERS or nxt.startswith("{")
-        if not quantified and (depth == 2 or depth == 1):
+        if not quantified and depth == own:
             items.append(t)
     return None
 
