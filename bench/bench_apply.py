@@ -13,9 +13,11 @@ hands over: one pinned non-blocking upload inside the call), ``ours-devmask`` th
 already on the GPU, as xgrammar's backends do. Each cell also reports GB/s counting the logits
 read and written once (``2 * B * V * itemsize / time``) and that as a share of a large
 device-to-device copy's rate measured the same way at the start of the run, both from device
-times. ``ours-devmask-xtriton`` and ``ours-devmask-xcuda`` are ``ours-devmask`` with
-``PORTABLE_GUIDED_CUDA_KERNEL`` set to ``xgrammar-triton`` or ``xgrammar-cuda``;
-``cand-dense-kernel`` is the kernel of ``bench/triton_candidates.py`` called directly.
+times. ``ours-devmask-{dense,element,xtriton,xcuda}`` are ``ours-devmask`` with
+``PORTABLE_GUIDED_CUDA_KERNEL`` set to ``triton-dense``, ``triton-element``, ``xgrammar-triton``
+or ``xgrammar-cuda``; ``ours-devmask-general`` takes the general path (checks and plan),
+``ours-devmask-tritonlaunch`` Triton's own launch; ``word-b*-w*`` are other launch shapes of the
+default kernel (columns per program, warps).
 
 ``--position after-matmul`` (CPU) times each call right after a real lm_head matmul
 (``hidden @ W.T`` with W of shape vocab x ``--hidden``, written into the logits about to be
@@ -60,6 +62,8 @@ def make_bitmask(kind: str, batch: int, vocab: int, rng: np.random.Generator) ->
     words = -(-vocab // 32)
     if kind == "all-allowed":
         return np.full((batch, words), -1, np.int32)
+    if kind == "all-blocked":
+        return np.zeros((batch, words), np.int32)
     if kind == "string":  # nearly all allowed: tokens with quotes or control bytes blocked
         bitmask = np.full((batch, words), 0xFFFFFFFF, np.uint32)
         for row in range(batch):
@@ -110,16 +114,48 @@ def implementations(device: str):
         impls["xgr-cpu"] = xgr_backend("cpu")
         impls["xgr-torch_native"] = xgr_backend("torch_native")
     else:
+        from portable_guided.kernels.triton_mask import apply_triton
+
+        def variant(name, **shape):
+            return lambda logits, bitmask: apply_triton(logits, bitmask, logits.shape[1], None,
+                                                        name, **shape)
+
         impls["ours-devmask"] = impls["ours"]  # given the device bitmask (see main)
+        # The general path (vocab_size given skips the plain-call fast path), and Triton's
+        # own launch instead of ours: host time of each step.
+        impls["ours-devmask-general"] = lambda logits, bitmask: pg.apply_token_mask(
+            logits, bitmask, vocab_size=logits.shape[1])
+        impls["ours-devmask-tritonlaunch"] = with_env(PORTABLE_GUIDED_TRITON_FAST_LAUNCH="0")
+        impls["ours-devmask-dense"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="triton-dense")
+        impls["ours-devmask-element"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="triton-element")
         impls["ours-devmask-xtriton"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="xgrammar-triton")
         impls["ours-devmask-xcuda"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="xgrammar-cuda")
-        from triton_candidates import apply_dense  # the next kernel to try (device bitmask)
-
-        impls["cand-dense-kernel"] = lambda logits, bitmask: apply_dense(
-            logits, bitmask, logits.shape[1], None)
+        # Launch shapes of the word kernel (device time): columns per block, warps, blocks
+        # per program.
+        for block, warps, blocks in [(1024, 4, 1), (1024, 4, 4), (2048, 4, 1), (2048, 8, 2),
+                                     (2048, 8, 4), (4096, 8, 1), (4096, 8, 2), (8192, 8, 1),
+                                     (4096, 16, 1)]:
+            impls[f"word-b{block}-w{warps}-x{blocks}"] = variant(
+                "triton-word", block=block, num_warps=warps, blocks=blocks)
         impls["xgr-triton"] = xgr_backend("triton")
         impls["xgr-cuda"] = xgr_backend("cuda")
     return impls
+
+
+def masked_fill_reference(logits, bitmask):
+    """The masked logits by the definition (unpack every bit, ``masked_fill``), on the
+    logits' device: a plain formula none of the timed kernels uses."""
+    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
+    bits = ((bitmask.to(logits.device).unsqueeze(-1) >> shifts) & 1).flatten(1)
+    return logits.masked_fill(bits[:, : logits.shape[1]] == 0, float("-inf"))
+
+
+def check_result(fn, logits, bitmask, expected) -> None:
+    """Raise unless ``fn`` masks a copy of ``logits`` as the reference does."""
+    trial = logits.clone()
+    fn(trial, bitmask)
+    if not torch.equal(trial, expected):
+        raise AssertionError("result differs from the reference (masked_fill)")
 
 
 def copy_bandwidth_gbs(size_bytes: int = 2 << 30, reps: int = 20) -> float:
@@ -337,10 +373,15 @@ def main() -> None:
                         rows.append(cell)
                         print(format_row(cell, impls), flush=True)
                         continue
+                    expected = None
+                    if args.device == "cuda":  # every implementation's result is checked
+                        expected = masked_fill_reference(buffers[0], bitmask)
                     for name, fn in list(impls.items()):
                         on_host = name.startswith("ours") and "devmask" not in name
                         arg = host_mask if on_host else bitmask
                         try:
+                            if expected is not None and name != "read+write":
+                                check_result(fn, buffers[0], arg, expected)
                             if args.device == "cuda":
                                 timed = time_cell_cuda(fn, buffers, arg, args.min_reps,
                                                        args.budget)

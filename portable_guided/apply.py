@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, TypeVar
 
 from .platform import Platform
@@ -57,7 +58,7 @@ def apply_token_mask(
         bitmask[:, 0] = 0b1                              # ...but token 0
         pg.apply_token_mask(logits, bitmask)             # logits[:, 1:] is now -inf
     """
-    if platform is None and indices is None and vocab_size is None and _plain_host(logits,
+    if platform is None and indices is None and vocab_size is None and _plain_call(logits,
                                                                                  bitmask):
         return logits
     resolution = REGISTRY.resolve(logits, platform)
@@ -71,21 +72,45 @@ def apply_token_mask(
 
 
 _TORCH_CPU = ("torch", "cpu", None)
-_PLAIN: list[Any] = []  # [apply_host, apply_plain_torch], imported on the first call
+_TORCH_CUDA = ("torch", "cuda", None)
+# Per registry key: (the kernel the registry chooses, its few-step version for plain calls).
+_PLAIN: dict[tuple[str, str, None], tuple[Any, Any]] = {}
 
 
-def _plain_host(logits: Any, bitmask: Any) -> bool:
-    """The common Torch CPU call, masked by the compiled kernel with few Python steps
-    (``kernels.compiled.apply_plain_torch``), where the registry has already chosen that
-    kernel for Torch CPU logits and nothing forces another platform."""
-    resolution = REGISTRY._cache.get(_TORCH_CPU)
+def _plain_call(logits: Any, bitmask: Any) -> bool:
+    """The common Torch call (CPU or GPU), masked with few Python steps
+    (``kernels.compiled.apply_plain_torch``, ``kernels.cuda.apply_plain_cuda``), where the
+    registry has already chosen that kernel for such logits and nothing forces another
+    platform. Right after a forward each Python step costs microseconds: the general path
+    takes tens of us beyond the kernel."""
+    torch = sys.modules.get("torch")
+    if torch is None or type(logits) is not torch.Tensor:
+        return False
+    key = _TORCH_CUDA if logits.is_cuda else _TORCH_CPU
+    resolution = REGISTRY._cache.get(key)
     if resolution is None:
         return False
-    if not _PLAIN:
+    plain = _PLAIN.get(key)
+    if plain is None:
+        plain = _plain_kernels(key)
+        if plain is None:
+            return False
+    if resolution.kernel is not plain[0] or os.environ.get(ENV_VAR):
+        return False
+    return bool(plain[1](logits, bitmask))
+
+
+def _plain_kernels(key: tuple[str, str, None]) -> tuple[Any, Any] | None:
+    """Import the pair for ``key`` once. The CUDA module is taken only once the registry has
+    loaded it (it needs Triton)."""
+    if key == _TORCH_CPU:
         from .kernels.compiled import apply_plain_torch
         from .kernels.host import apply_host
 
-        _PLAIN[:] = [apply_host, apply_plain_torch]
-    if resolution.kernel is not _PLAIN[0] or os.environ.get(ENV_VAR):
-        return False
-    return bool(_PLAIN[1](logits, bitmask))
+        _PLAIN[key] = (apply_host, apply_plain_torch)
+    else:
+        cuda = sys.modules.get("portable_guided.kernels.cuda")
+        if cuda is None:
+            return None
+        _PLAIN[key] = (cuda.apply_cuda_torch, cuda.apply_plain_cuda)
+    return _PLAIN[key]

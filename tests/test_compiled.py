@@ -335,13 +335,13 @@ def test_apply_token_mask_takes_the_plain_path_only_where_nothing_else_is_asked(
     logits, mask = torch.randn(2, 64), torch.zeros(2, 2, dtype=torch.int32)
     mask[:, 0] = 1
     pg.apply_token_mask(logits, mask)  # the registry resolves Torch CPU logits once
-    assert apply_module._plain_host(logits, mask) is True
+    assert apply_module._plain_call(logits, mask) is True
     assert torch.isinf(logits[:, 1:]).all() and torch.isfinite(logits[:, 0]).all()
     monkeypatch.setenv("PORTABLE_GUIDED_PLATFORM", "static")
-    assert apply_module._plain_host(logits, mask) is False
+    assert apply_module._plain_call(logits, mask) is False
     monkeypatch.delenv("PORTABLE_GUIDED_PLATFORM")
     monkeypatch.setenv("PORTABLE_GUIDED_CPU_KERNEL", "numpy")
-    assert apply_module._plain_host(logits, mask) is False
+    assert apply_module._plain_call(logits, mask) is False
     monkeypatch.delenv("PORTABLE_GUIDED_CPU_KERNEL")
     with pytest.warns(UserWarning, match="covers only 32 tokens but logits have 64"):
         pg.apply_token_mask(torch.randn(2, 64), mask[:, :1])

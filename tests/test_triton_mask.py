@@ -1,6 +1,7 @@
-"""Our Triton kernel (``kernels/triton_mask.py``) against the NumPy reference, run by Triton's
-interpreter on CPU tensors (``TRITON_INTERPRET=1``), so it is checked on every CI run; on a
-GPU, ``tests/test_cuda.py`` checks the compiled kernel through ``apply_token_mask``.
+"""Our Triton kernels (``kernels/triton_mask.py``, every variant) against the NumPy reference,
+run by Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``), so they are checked on
+every CI run; on a GPU, ``tests/test_cuda.py`` checks the compiled kernels through
+``apply_token_mask``.
 
 The interpreter is chosen when ``triton.jit`` decorates the kernel, so the cases run in a
 fresh process.
@@ -26,6 +27,7 @@ import numpy as np, torch
 from portable_guided import reference_apply_token_mask as reference
 from portable_guided.kernels.triton_mask import BLOCK, apply_triton
 
+variant, blocks = sys.argv[3], int(sys.argv[4])
 rng = np.random.default_rng(int(sys.argv[1]))
 results = []
 for case in range(int(sys.argv[2])):
@@ -33,7 +35,7 @@ for case in range(int(sys.argv[2])):
     with_rows = case % 2 == 1
     batch = int(rng.integers(1, 6))
     # Widths around the kernel's block size, so partial and several blocks are covered.
-    width = int(rng.integers(1, 3 * BLOCK))
+    width = int(rng.integers(1, 3 * BLOCK * blocks))
     words = max(1, -(-width // 32) + int(rng.integers(-2, 3)))  # narrower or wider bitmask
     vocab = max(0, min(width, 32 * words) - int(rng.integers(0, 40)))
     values = rng.standard_normal((batch, width + 7)).astype(np.float32)
@@ -42,15 +44,20 @@ for case in range(int(sys.argv[2])):
     bitmask = rng.integers(-2**31, 2**31, (batch + 2, words), dtype=np.int64).astype(np.int32)
     bitmask[0] = 0
     bitmask[-1] = -1
+    if case % 4 == 2:  # whole blocks and words that allow all or nothing, beside mixed ones
+        bitmask[:, : words // 3] = -1
+        bitmask[:, words // 3 : 2 * words // 3] = 0
     before = wide.float().numpy().copy()
     rows = None
     if with_rows:
         rows = rng.permutation(batch)[: int(rng.integers(1, batch + 1))].tolist()
         expected = reference(before[:, 3 : 3 + width], bitmask, indices=rows, vocab_size=vocab)
-        apply_triton(logits, torch.from_numpy(bitmask), vocab, torch.tensor(rows, dtype=torch.int32))
+        apply_triton(logits, torch.from_numpy(bitmask), vocab, torch.tensor(rows, dtype=torch.int32),
+                     variant, blocks=blocks)
     else:
         expected = reference(before[:, 3 : 3 + width], bitmask[:batch], vocab_size=vocab)
-        apply_triton(logits, torch.from_numpy(bitmask[:batch].copy()), vocab, None)
+        apply_triton(logits, torch.from_numpy(bitmask[:batch].copy()), vocab, None, variant,
+                     blocks=blocks)
     after = wide.float().numpy()
     outside_same = (np.array_equal(after[:, :3], before[:, :3])
                     and np.array_equal(after[:, 3 + width :], before[:, 3 + width :]))
@@ -62,10 +69,23 @@ print(json.dumps(results))
 '''
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_triton_kernel_matches_reference_under_the_interpreter(seed):
+VARIANTS = ["triton-word", "triton-dense", "triton-element"]
+
+
+def test_every_variant_is_tested():
+    from portable_guided.kernels.triton_mask import DEFAULT_VARIANT
+    from portable_guided.kernels.triton_mask import VARIANTS as DEFINED
+
+    assert sorted(DEFINED) == sorted(VARIANTS) and DEFAULT_VARIANT in VARIANTS
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("blocks", [1, 3])  # blocks per program
+def test_triton_kernel_matches_reference_under_the_interpreter(blocks, variant):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-c", CASES, str(seed), "24"], env=env, cwd=ROOT,
+    seed = str(blocks)
+    out = subprocess.run([sys.executable, "-c", CASES, seed, "24", variant, str(blocks)], env=env,
+                         cwd=ROOT,
                          capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads(out.stdout.strip().splitlines()[-1])

@@ -5,10 +5,11 @@ Torch view through DLPack and are masked in Paddle's memory, on Paddle's current
 bitmask (and the row indices) go to the device in one non-blocking copy from pinned memory;
 nothing in the call waits for the device.
 
-``PORTABLE_GUIDED_CUDA_KERNEL`` picks another kernel: ``xgrammar-triton`` (xgrammar's Triton
-kernel, the default until 0.1.0) or ``xgrammar-cuda`` (xgrammar's CUDA kernel, where the rows
-start 16-byte aligned; xgrammar builds it with ``nvcc`` the first time it is imported, about
-a minute, then Torch caches it).
+``PORTABLE_GUIDED_CUDA_KERNEL`` picks another kernel: ``triton`` (our default Triton variant),
+one of our variants by name (``triton-word``, ``triton-dense``, ``triton-element``: see
+:mod:`.triton_mask`), ``xgrammar-triton`` (xgrammar's Triton kernel, the default until 0.1.0)
+or ``xgrammar-cuda`` (xgrammar's CUDA kernel, where the rows start 16-byte aligned; xgrammar
+builds it with ``nvcc`` the first time it is imported, about a minute, then Torch caches it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,8 +30,8 @@ from ..validation import MaskPlan
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["KERNELS", "KERNEL_ENV_VAR", "apply_cuda_torch", "apply_cuda_paddle", "PinnedStaging",
-           "fill_end_to_end"]
+__all__ = ["KERNELS", "KERNEL_ENV_VAR", "PARALLEL_COPY_MIN_WORDS", "apply_cuda_torch",
+           "apply_cuda_paddle", "apply_plain_cuda", "PinnedStaging", "fill_end_to_end"]
 
 # Torch and the Triton kernels are imported on first use, so importing this module stays light.
 # A missing Triton still fails here, when the platform first loads its kernel, so the error
@@ -43,7 +45,8 @@ def _require(*modules: str) -> None:
 _require("triton")
 
 KERNEL_ENV_VAR = "PORTABLE_GUIDED_CUDA_KERNEL"
-KERNELS = ("triton", "xgrammar-triton", "xgrammar-cuda")
+OWN_KERNELS = ("triton", "triton-word", "triton-dense", "triton-element")
+KERNELS = (*OWN_KERNELS, "xgrammar-triton", "xgrammar-cuda")
 
 
 def _kernel_choice() -> str:
@@ -113,7 +116,7 @@ class PinnedStaging:
             buffer = torch.empty(max(size, 1024), dtype=torch.int32, pin_memory=True)
             self._buffers[turn] = buffer
         staged = buffer[:size]
-        fill_end_to_end(staged.numpy(), parts)
+        fill_end_to_end(staged.numpy(), parts, parallel_from=PARALLEL_COPY_MIN_WORDS)
         on_device = staged.to(device, non_blocking=True)
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(device))  # the copy's stream, on its device
@@ -121,12 +124,26 @@ class PinnedStaging:
         return on_device
 
 
-def fill_end_to_end(target: np.ndarray, parts: Sequence[np.ndarray]) -> None:
+# A bitmask this large (words) is copied into the pinned buffer by Torch's thread pool: a
+# B=256, V=151,936 bitmask (4.9 MB) took 0.54-0.70 ms of one thread on an H200's host.
+PARALLEL_COPY_MIN_WORDS = 1 << 16
+
+
+def fill_end_to_end(target: np.ndarray, parts: Sequence[np.ndarray],
+                    parallel_from: int | None = None) -> None:
     """Write ``parts`` (any shape and strides) one after another into the 1-D ``target``, in
-    C order, one copy each (no intermediate concatenation)."""
+    C order, one copy each (no intermediate concatenation). Parts of at least
+    ``parallel_from`` elements are copied by Torch's thread pool."""
     offset = 0
     for part in parts:
-        target[offset : offset + part.size].reshape(part.shape)[...] = part
+        window = target[offset : offset + part.size].reshape(part.shape)
+        if (parallel_from is not None and part.size >= parallel_from and part.flags.writeable
+                and part.flags.c_contiguous):
+            import torch  # already loaded: the caller stages for a Torch device
+
+            torch.from_numpy(window).copy_(torch.from_numpy(part))
+        else:
+            window[...] = part
         offset += part.size
     if offset != target.size:
         raise ValueError(f"parts hold {offset} elements for a target of {target.size}")
@@ -172,7 +189,7 @@ def apply_cuda_torch(logits: torch.Tensor, bitmask: Any, plan: MaskPlan) -> torc
     if mask.stride() != (mask.shape[1], 1):
         mask = mask.contiguous()  # the kernel reads the row stride as the row length
     choice = _kernel_choice()
-    if choice != "triton" and table.shape[0] * table.stride(0) >= 2**31:
+    if choice not in OWN_KERNELS and table.shape[0] * table.stride(0) >= 2**31:
         choice = "triton"  # xgrammar's kernels address rows with 32-bit offsets
     if choice == "xgrammar-cuda" and _fits_xgrammar_cuda(table, plan.vocab_size):
         # It masks min(width, 32 * words) columns and wants no more words than the width
@@ -182,8 +199,47 @@ def apply_cuda_torch(logits: torch.Tensor, bitmask: Any, plan: MaskPlan) -> torc
     elif choice == "xgrammar-triton":
         _xgrammar_triton_kernel()(table, mask, plan.vocab_size, rows)
     else:
-        _own_triton_kernel()(table, mask, plan.vocab_size, rows)
+        apply = _own_triton_kernel()
+        if choice not in OWN_KERNELS[1:]:  # our default; also xgrammar-cuda where it cannot run
+            apply(table, mask, plan.vocab_size, rows)
+        else:
+            apply(table, mask, plan.vocab_size, rows, variant=choice)
     return logits
+
+
+def apply_plain_cuda(logits: Any, bitmask: Any) -> bool:
+    """Mask the most common GPU call with few Python steps: 2-D Torch CUDA logits with unit
+    column stride (float32, bfloat16 or float16, no autograd) and a 2-D contiguous int32
+    bitmask on the same device, one row per logits row and covering every column; no
+    indices, no ``vocab_size``, our default kernel. Such a call cannot fail validation, so
+    the checks of :func:`~portable_guided.validation.plan_mask` reduce to these. Returns
+    False, having done nothing, for any other call (the general path then checks and masks
+    it); the caller has checked that the registry would choose this kernel."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    tensor = torch.Tensor
+    if type(logits) is not tensor or type(bitmask) is not tensor:  # no subclasses
+        return False
+    if not _PLAIN_DTYPES:
+        _PLAIN_DTYPES.update((torch.float32, torch.float16, torch.bfloat16))
+    if (logits.dtype not in _PLAIN_DTYPES or bitmask.dtype != torch.int32
+            or logits.dim() != 2 or bitmask.dim() != 2):
+        return False
+    device = logits.get_device()  # -1 on the CPU
+    batch, width = logits.shape
+    words = bitmask.shape[1]
+    if (device < 0 or bitmask.get_device() != device or bitmask.shape[0] != batch
+            or 32 * words < width or width == 0 or logits.stride(1) != 1
+            or bitmask.stride() != (words, 1) or logits.requires_grad
+            or os.environ.get(KERNEL_ENV_VAR)
+            or device != torch.cuda.current_device()):  # Triton launches there
+        return False
+    _own_triton_kernel()(logits, bitmask, width, None, device=device)
+    return True
+
+
+_PLAIN_DTYPES: set[Any] = set()  # float32, float16, bfloat16: filled on first use
 
 
 def _fits_xgrammar_cuda(table: torch.Tensor, vocab_size: int) -> bool:
