@@ -13,13 +13,18 @@ schema, joined into one JSONL file per collection, as ``--jsb-dir`` does).
 Per mode: schemas passing every test, invalid instances accepted (0 required), compile time
 p50/p90/p99 over the compiled schemas and "ready" p50/p99 over all schemas (a time-out
 counted as the limit, what a request waits), mask time p50/p99 over the first requests of
-each schema. ``--warm-wait S`` adds the steady state: each schema's valid instances walked
+each schema, and per engine that served them (``mask_engines``: under ``auto`` a first
+request starts on llguidance and may move to xgrammar when the upgrade lands; per schema,
+``mask_us_max`` and the masks over 200 us by engine). ``--warm-wait S`` adds the steady state: each schema's valid instances walked
 again as later requests, after up to S seconds for the runtime's engine upgrade (``auto``
 moves a repeated schema to xgrammar in the background), ``warm_mask_us_p50/p99`` and which
 engine served them (``warm_engines``). ``--step-ms MS`` spaces the first requests' masks
 as a server's decode steps do while the schema's upgrade runs (a request moves to the
 upgraded grammar at its next mask: docs/latency.md); without it they come back to back,
-which no server does.
+which no server does. ``--pace-ms MS`` sleeps after every first-request token in every mode,
+raw ones included: the same decode step for all (a mask after an idle wait of 10 ms costs
+several times one right after another here, for raw xgrammar too), and the fair comparison
+of first-request masks.
 """
 
 from __future__ import annotations
@@ -34,7 +39,13 @@ from typing import Any
 
 import numpy as np
 
-from portable_guided.harness.maskbench import load_records, run_mode, summarize, write_results
+from portable_guided.harness.maskbench import (
+    load_records,
+    mask_engines,
+    run_mode,
+    summarize,
+    write_results,
+)
 from portable_guided.runtime import compile_service, load_tokenizer_info
 
 MODES = ("runtime:xgrammar", "runtime:llguidance", "runtime:auto", "raw:xgrammar")
@@ -59,6 +70,9 @@ def main() -> None:
                     help="the first requests' decode step: after each token, sleep this "
                     "long while the schema's engine upgrade runs (default 0: masks back to "
                     "back)")
+    ap.add_argument("--pace-ms", type=float, default=0.0,
+                    help="after every first-request token, in every mode, sleep this long "
+                    "(the same decode step for all modes; overrides --step-ms)")
     ap.add_argument("--upgrade-limit-s", type=float, default=None,
                     help="the engine upgrade's compile limit (default: the runtime's "
                     "UPGRADE_LIMIT_S)")
@@ -75,6 +89,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     per_mode: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     masks: dict[str, list[float]] = {m: [] for m in modes}
+    served: dict[str, list[str]] = {m: [] for m in modes}
     warm: dict[str, list[float]] = {m: [] for m in modes}
     for path in files:
         records = load_records([path], limit=args.limit)
@@ -82,15 +97,18 @@ def main() -> None:
         rng.shuffle(order)
         for mode in order:
             result = run_mode(mode, records, info, timeout_s=args.timeout,
-                              warm_wait_s=args.warm_wait, step_s=args.step_ms / 1e3)
+                              warm_wait_s=args.warm_wait, step_s=args.step_ms / 1e3,
+                              pace_s=args.pace_ms / 1e3)
             for row in result["per_schema"]:
                 row["file"] = Path(path).stem
             per_mode[mode].extend(result["per_schema"])
             masks[mode].extend(result["mask_times"])
+            served[mode].extend(result["served_by"])
             warm[mode].extend(result["warm_mask_times"])
             print(f"{Path(path).stem:24s} {mode:20s} {result['summary']['passing']}/"
                   f"{result['summary']['schemas']} passing", flush=True)
     summaries = {m: _summary(rows, masks[m], warm[m], args.timeout)
+                 | {"mask_engines": mask_engines(masks[m], served[m])}
                  for m, rows in per_mode.items()}
     write_results(args.out, {"files": files, "limit_per_file": args.limit,
                              "timeout_s": args.timeout, "tokenizer": args.tokenizer,

@@ -17,6 +17,7 @@ import json
 import platform
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -135,21 +136,28 @@ class _Walker:
         return str(self.rt.compile(spec).engine_name)
 
     def walk(self, spec: GrammarSpec, compiled: Any, ids: list[int], bm: np.ndarray,
-             mask_times: list[float], step_s: float = 0.0) -> bool:
+             mask_times: list[float], step_s: float = 0.0,
+             served_by: list[str] | None = None, pace_s: float = 0.0) -> bool:
         """True if every token and then the stop token were allowed and accepted.
 
         ``step_s``: after each token, sleep this long while ``spec``'s engine upgrade runs
         (runtime modes), as a server's decode step would pass on the device between two
         masks; once it has ended, time passing changes nothing, so the walk goes on at
-        once."""
+        once. ``pace_s``: after each token, sleep this long in every mode, whatever runs
+        (a server's decode step, the same for every mode: a mask after an idle wait costs
+        several times one right after another on this machine). ``served_by``: the engine
+        of each mask is appended there (runtime modes: the request's engine when it filled
+        the mask, which changes once an upgrade lands)."""
         stop = self.info.stop_token_ids[0]
         perf = time.perf_counter
         # Each branch binds the mode's own fill and accept (different signatures).
         fill: Callable[..., Any]
         accept: Callable[[int], Any]
+        engine_of: Callable[[], str | None] = lambda: self.mode
         if self.rt is not None:
             req = self.rt.new_request(spec, on_error="reject")
             fill, accept = req.fill, req.accept
+            engine_of = lambda: req.engine_name
         elif self.engine == "xgrammar":
             m = self._xgr.GrammarMatcher(compiled)
             fill, accept = m.fill_next_token_bitmask, m.accept_token
@@ -171,11 +179,15 @@ class _Walker:
             t0 = perf()
             fill(bm, 0)
             mask_times.append(perf() - t0)
+            if served_by is not None:
+                served_by.append(str(engine_of()))
             if not (int(bm[0, t >> 5]) >> (t & 31)) & 1:
                 return False
             if not accept(t):
                 return False
-            if stepping is not None:
+            if pace_s > 0:
+                time.sleep(pace_s)
+            elif stepping is not None:
                 if stepping.upgrade_state(spec) == "running":
                     time.sleep(step_s)
                 else:
@@ -185,7 +197,8 @@ class _Walker:
 
 def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, *,
              timeout_s: float = 30.0, progress: Any = None,
-             warm_wait_s: float | None = None, step_s: float = 0.0) -> dict[str, Any]:
+             warm_wait_s: float | None = None, step_s: float = 0.0,
+             pace_s: float = 0.0) -> dict[str, Any]:
     """Run one mode over ``records``; returns ``{"summary": ..., "per_schema": [...],
     "mask_times": [...]}``.
 
@@ -195,11 +208,12 @@ def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, 
     serves repeatedly; ``warm_valid_rejected`` per schema), after waiting up to this long for
     the upgrade to settle; raw modes walk their own grammar again. Without it, upgrades are
     off: every instance of an ``auto`` spec is decided by the engine ``auto`` chose.
-    ``step_s``: the first requests' decode step (``_Walker.walk``)."""
+    ``step_s``, ``pace_s``: the first requests' decode step (``_Walker.walk``)."""
     walker = _Walker(mode, info, timeout_s, upgrade=warm_wait_s is not None)
     per_schema: list[dict[str, Any]] = []
     compile_times: list[float] = []
     mask_times: list[float] = []
+    served_by: list[str] = []  # the engine of each first-request mask
     warm_times: list[float] = []
     bm = np.full((1, info.bitmask_words), -1, dtype=np.int32)
     try:
@@ -231,10 +245,12 @@ def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, 
                 continue
             compile_times.append(seconds)
             row["compile_ms"] = round(seconds * 1e3, 3)
+            first_mask = len(mask_times)
             for test in rec.get("tests", []):
                 text = json.dumps(test["data"], indent=None, ensure_ascii=False)
                 ids = info.encode(text)
-                accepted = walker.walk(spec, compiled, ids, bm, mask_times, step_s)
+                accepted = walker.walk(spec, compiled, ids, bm, mask_times, step_s, served_by,
+                                       pace_s)
                 ok = accepted == bool(test["valid"])
                 row["tests"] += 1
                 row["tests_ok"] += ok
@@ -243,6 +259,12 @@ def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, 
                 else:
                     row["invalid_ok"] += ok
                 row["tokens"] = row.get("tokens", 0) + len(ids) + 1
+            # Which schemas and engines make the first requests' tail.
+            mine = mask_times[first_mask:]
+            if mine:
+                row["mask_us_max"] = round(max(mine) * 1e6, 1)
+                slow = Counter(e for t, e in zip(mine, served_by[first_mask:]) if t > 200e-6)
+                row["masks_over_200us"] = dict(slow)
             if warm_wait_s is not None:
                 row["warm_engine"] = walker.settle(spec, warm_wait_s)
                 row["warm_valid_rejected"] = 0
@@ -263,9 +285,26 @@ def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, 
                 progress(row)
     finally:
         walker.close()
-    return {"summary": summarize(per_schema, compile_times, mask_times, records=None),
+    summary = summarize(per_schema, compile_times, mask_times, records=None)
+    summary["mask_engines"] = mask_engines(mask_times, served_by)
+    return {"summary": summary, "served_by": served_by,
             "per_schema": per_schema, "mask_times": mask_times,
             "warm_mask_times": warm_times}
+
+
+def mask_engines(mask_times: Sequence[float], served_by: Sequence[str]) -> dict[str, Any]:
+    """Per engine that served first-request masks: how many, p50 and p99 (us), and how many
+    of the slowest 1% of all masks it served."""
+    if not mask_times:
+        return {}
+    tail = _pct(list(mask_times), 99)
+    by_engine: dict[str, list[float]] = {}
+    for t, e in zip(mask_times, served_by):
+        by_engine.setdefault(e, []).append(t)
+    return {e: {"masks": len(v), "us_p50": round(_pct(v, 50) * 1e6, 1),
+                "us_p99": round(_pct(v, 99) * 1e6, 1),
+                "in_overall_top_1pct": sum(t >= tail for t in v)}
+            for e, v in sorted(by_engine.items())}
 
 
 def summarize(per_schema: list[dict[str, Any]], compile_times: list[float],

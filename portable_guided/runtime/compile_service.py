@@ -460,9 +460,10 @@ class CompileService:
                 if not any(isinstance(e, CompileWorkerLost) for e in errors):
                     self._failures.put(key, error)
         if result is not None:
-            _resolve(fut, result)
+            # Queued before the caller wakes, so that upgrade_state already says "running".
             if self._upgrade and result.engine_name != UPGRADE_ENGINE:
                 self._start_upgrade(key, spec)
+            _resolve(fut, result)
         else:
             self.metrics.inc("compile_timeouts" if isinstance(error, GrammarTimeout)
                              else "compile_errors")

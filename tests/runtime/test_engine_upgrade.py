@@ -71,6 +71,25 @@ def test_a_new_schema_moves_to_xgrammar_and_decides_alike(rt):
     assert rt.metrics()["upgrades"] == 1 and rt.metrics()["upgrade_failures"] == 0
 
 
+def test_the_upgrade_is_queued_before_the_compile_resolves(rt, monkeypatch):
+    """A caller woken by the compile already reads "running": a server (or a benchmark)
+    that paces its steps by the upgrade's state never sees it not started yet."""
+
+    spec = GrammarSpec.json_schema({"type": "object", "properties": {"q": {"type": "string"}},
+                                    "required": ["q"]})
+    seen = []
+    real = service._resolve
+
+    def spy(fut, outcome):
+        if getattr(outcome, "engine_name", None) == "llguidance":
+            seen.append(rt.upgrade_state(spec))
+        real(fut, outcome)
+
+    monkeypatch.setattr(service, "_resolve", spy)
+    assert rt.compile(spec).engine_name == "llguidance"
+    assert seen == ["running"]
+
+
 def _llguidance_and_upgrade(info, schema):
     """A runtime without upgrades (its grammar for ``schema`` is llguidance's) and that
     grammar with ``upgraded`` set to xgrammar's, compiled by a second runtime: hand-overs
