@@ -74,7 +74,6 @@ def test_a_new_schema_moves_to_xgrammar_and_decides_alike(rt):
 def test_the_upgrade_is_queued_before_the_compile_resolves(rt, monkeypatch):
     """A caller woken by the compile already reads "running": a server (or a benchmark)
     that paces its steps by the upgrade's state never sees it not started yet."""
-
     spec = GrammarSpec.json_schema({"type": "object", "properties": {"q": {"type": "string"}},
                                     "required": ["q"]})
     seen = []
