@@ -27,12 +27,12 @@ had cost 7-35 ms per call where one thread took 1.3 ms (bench/bench_sglang.py
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 import numpy as np
 
 from ..validation import MaskPlan
+from . import plain_torch_pair
 from .host_common import NEG_INF_BITS, THREADS_ENV_VAR, _run_split, _split_rows, _threads
 
 __all__ = ["KERNEL_ENV_VAR", "available", "apply_compiled", "apply_plain_torch", "describe"]
@@ -121,11 +121,8 @@ def apply_plain_torch(logits: Any, bitmask: Any) -> bool:
     then checks and masks it); the caller has checked that the registry would choose this
     kernel. Right after a forward, each Python step costs microseconds: the general path took
     about 50 us beyond the kernel at B=64 (bench/bench_sglang.py, all-allowed cells)."""
-    torch = sys.modules.get("torch")
+    torch = plain_torch_pair(logits, bitmask)
     if torch is None:
-        return False
-    tensor = torch.Tensor
-    if type(logits) is not tensor or type(bitmask) is not tensor:  # no subclasses
         return False
     dtype = logits.dtype
     neg = _PLAIN_NEG.get(str(dtype)) if dtype != torch.bfloat16 else 0xFF80

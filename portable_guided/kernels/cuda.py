@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import sys
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ import numpy as np
 
 from ..dlpack import host_int32, to_torch
 from ..validation import MaskPlan
+from . import plain_torch_pair
 
 if TYPE_CHECKING:
     import torch
@@ -215,11 +215,8 @@ def apply_plain_cuda(logits: Any, bitmask: Any) -> bool:
     the checks of :func:`~portable_guided.validation.plan_mask` reduce to these. Returns
     False, having done nothing, for any other call (the general path then checks and masks
     it); the caller has checked that the registry would choose this kernel."""
-    torch = sys.modules.get("torch")
+    torch = plain_torch_pair(logits, bitmask)
     if torch is None:
-        return False
-    tensor = torch.Tensor
-    if type(logits) is not tensor or type(bitmask) is not tensor:  # no subclasses
         return False
     if not _PLAIN_DTYPES:
         _PLAIN_DTYPES.update((torch.float32, torch.float16, torch.bfloat16))
