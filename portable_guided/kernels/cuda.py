@@ -45,7 +45,8 @@ def _require(*modules: str) -> None:
 _require("triton")
 
 KERNEL_ENV_VAR = "PORTABLE_GUIDED_CUDA_KERNEL"
-OWN_KERNELS = ("triton", "triton-word", "triton-dense", "triton-element")
+VARIANT_KERNELS = ("triton-word", "triton-dense", "triton-element")  # ours, by name
+OWN_KERNELS = ("triton", *VARIANT_KERNELS)  # "triton": our default variant
 KERNELS = (*OWN_KERNELS, "xgrammar-triton", "xgrammar-cuda")
 
 
@@ -199,11 +200,9 @@ def apply_cuda_torch(logits: torch.Tensor, bitmask: Any, plan: MaskPlan) -> torc
     elif choice == "xgrammar-triton":
         _xgrammar_triton_kernel()(table, mask, plan.vocab_size, rows)
     else:
-        apply = _own_triton_kernel()
-        if choice not in OWN_KERNELS[1:]:  # our default; also xgrammar-cuda where it cannot run
-            apply(table, mask, plan.vocab_size, rows)
-        else:
-            apply(table, mask, plan.vocab_size, rows, variant=choice)
+        # A variant by name, else our default (also for xgrammar-cuda where it cannot run).
+        named = {"variant": choice} if choice in VARIANT_KERNELS else {}
+        _own_triton_kernel()(table, mask, plan.vocab_size, rows, **named)
     return logits
 
 
