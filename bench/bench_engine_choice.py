@@ -60,6 +60,8 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/engine_choice")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--limit", type=int, default=25, help="first N schemas of each file")
+    ap.add_argument("--skip", type=int, default=0,
+                    help="leave out the first N schemas of each file (another sample)")
     ap.add_argument("--timeout", type=float, default=10.0)
     ap.add_argument("--tokenizer", default="deepseek")
     ap.add_argument("--seed", type=int, default=0)
@@ -92,7 +94,7 @@ def main() -> None:
     served: dict[str, list[str]] = {m: [] for m in modes}
     warm: dict[str, list[float]] = {m: [] for m in modes}
     for path in files:
-        records = load_records([path], limit=args.limit)
+        records = load_records([path], limit=args.skip + args.limit)[args.skip:]
         order = modes[:]
         rng.shuffle(order)
         for mode in order:
@@ -111,6 +113,7 @@ def main() -> None:
                  | {"mask_engines": mask_engines(masks[m], served[m])}
                  for m, rows in per_mode.items()}
     write_results(args.out, {"files": files, "limit_per_file": args.limit,
+                             "skip_per_file": args.skip,
                              "timeout_s": args.timeout, "tokenizer": args.tokenizer,
                              "summary": summaries, "per_schema": per_mode})
     for mode, s in summaries.items():

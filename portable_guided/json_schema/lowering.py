@@ -165,7 +165,7 @@ _ACTED_ON = frozenset(("$ref", "$id", "$anchor", "$dynamicAnchor", "$dynamicRef"
                        "oneOf", "not", "if", "then", "else", "dependentRequired",
                        "dependentSchemas", "unevaluatedProperties", "unevaluatedItems",
                        "contains", "minContains", "maxContains", "propertyNames", "uniqueItems",
-                       "$defs", "definitions", "dependencies"))
+                       "$defs", "definitions", "dependencies", "patternProperties"))
 
 
 def _plain_ref(node: Mapping[str, Any], root: Mapping[str, Any]) -> bool:
@@ -199,10 +199,26 @@ def _definitions(node: Mapping[str, Any], root: Mapping[str, Any]) -> bool:
     return node is root
 
 
+#: ``patternProperties`` names that every property name matches (ECMA-262 searches: each
+#: matches the empty string at the start). Not ``^.*$``: ``.`` stops at a line break.
+_EVERY_NAME = frozenset(("", ".*", "^", "^.*"))
+
+
+def _no_name_for_all(node: Mapping[str, Any], root: Mapping[str, Any]) -> bool:
+    """``patternProperties`` none of whose names matches every property name: looked at
+    as it is (the others: :meth:`_Lowerer._names_all_matched`)."""
+    names = node["patternProperties"]
+    return not (isinstance(names, Mapping) and _EVERY_NAME.intersection(names))
+
+
 #: Keywords in :data:`_ACTED_ON` that need no lowering in the forms these accept.
 _PASSIVE: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]] = {
     "$ref": _plain_ref, "anyOf": _bare_any_of, "$defs": _definitions,
-    "definitions": _definitions}
+    "definitions": _definitions, "patternProperties": _no_name_for_all}
+
+#: The most declared properties :meth:`_Lowerer._names_all_matched` copies a subschema
+#: into (each gets its own copy).
+_MAX_COPIED = 32
 
 # What each keyword asks of :func:`needs_lowering` (bit flags; 0: nothing).
 _ACTIVE, _PASSIVE_KEY, _TYPED, _FAMILY_KEY, _COUNT, _ONE_SUB, _SUB_MAP, _SUB_LIST, _FORMAT = (
@@ -486,7 +502,8 @@ class _Lowerer:
                 (cls._one_of_values, frozenset(("oneOf",))),
                 (cls._one_of_by_type, frozenset(("oneOf",))),
                 (cls._one_of_exclusive, frozenset(("oneOf",))),
-                (cls._contains, frozenset(("contains",))))
+                (cls._contains, frozenset(("contains",))),
+                (cls._names_all_matched, frozenset(("patternProperties",))))
         # Subsets would change which properties and items count as evaluated.
         subsets = {cls._not, cls._if_then_else, cls._one_of_exclusive, cls._contains}
         # With unevaluated* anywhere, nothing that changes what a definition evaluates.
@@ -962,6 +979,28 @@ class _Lowerer:
             out["pattern"] = entry.pattern
         return out
 
+    def _names_all_matched(self, s: dict[str, Any]) -> Any:
+        """``patternProperties`` of one name that every property name matches (``.*``):
+        each declared property's value must also match its subschema, and no name is
+        additional, so it becomes ``additionalProperties`` and an ``allOf`` in each declared
+        property. The engines then build a plain open object (xgrammar refuses
+        ``patternProperties`` beside other names; llguidance walks its token trie at each
+        such name)."""
+        names, props = s["patternProperties"], s.get("properties", {})
+        if not isinstance(names, Mapping) or len(names) != 1 or not isinstance(props, Mapping):
+            return s
+        ((name, sub),) = names.items()
+        if name not in _EVERY_NAME:
+            return s
+        vacuous = sub is True or sub == {}
+        if not vacuous and len(props) > _MAX_COPIED:
+            raise _NotExact(f"{len(props)} properties to copy a subschema into")
+        out = {k: v for k, v in s.items() if k != "patternProperties"}
+        if props and not vacuous:
+            out["properties"] = {n: {"allOf": [_copy(p), _copy(sub)]} for n, p in props.items()}
+        out["additionalProperties"] = _copy(sub)
+        return out
+
     def _distribute(self, s: dict[str, Any]) -> Any:
         """``anyOf``/``oneOf`` beside other keywords: the keywords merged into each branch
         (conjunction distributes over both; a branch that becomes ``false`` is dropped)."""
@@ -1107,7 +1146,7 @@ _NEGATED = frozenset(("not", "if", "oneOf", "contains"))
 _STEP_KEYS = frozenset((*_VACUOUS_KEYS, "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
                         "unevaluatedProperties", "unevaluatedItems", "not", "if", "then",
                         "else", "dependentRequired", "dependentSchemas", "contains",
-                        "format"))
+                        "format", "patternProperties"))
 
 #: Suffix of the exact form of a ``$defs`` entry whose lowering was narrowed.
 _EXACT = "_exact"

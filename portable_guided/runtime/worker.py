@@ -201,6 +201,12 @@ def _serve_engines(conn: Any, engines: dict[str, Any], local_below_s: float) -> 
             raw = engine_name.startswith("raw:")
             engine = engines[engine_name.removeprefix("raw:")]
             spec = GrammarSpec.from_dict(spec_dict)
+            if serialize == "prepare" and not raw:
+                prepared = _prepare_only(engine, spec)
+                if prepared is not None:  # checked, not compiled: the parent compiles it
+                    conn.send((job_id, ("ok", {"prepared": prepared},
+                                        time.perf_counter() - t0)))
+                    continue
             keeping: Any = _KeepPrepared(engine)  # an Engine for compile_checked
             compiled = engine.compile_raw(spec) if raw else compile_checked(keeping, spec)
             seconds = time.perf_counter() - t0
@@ -212,7 +218,8 @@ def _serve_engines(conn: Any, engines: dict[str, Any], local_below_s: float) -> 
             ship = serialize == "always" or (serialize == "auto" and (
                 seconds >= local_below_s or seen in slow))
             text: Any = engine.serialize(compiled) if ship else None
-            if text is None and serialize in ("auto", "prepared") and keeping.prepared is not None:
+            if (text is None and serialize in ("auto", "prepared", "prepare")
+                    and keeping.prepared is not None):
                 # The parent recompiles exactly this, without the checks run here.
                 text = {"prepared": keeping.prepared}
             conn.send((job_id, ("ok", text, seconds)))
@@ -223,6 +230,16 @@ def _serve_engines(conn: Any, engines: dict[str, Any], local_below_s: float) -> 
         except Exception as exc:  # noqa: BLE001 - the engine's diagnosis goes to the request
             conn.send((job_id, ("error", f"{type(exc).__name__}: {exc}",
                                 time.perf_counter() - t0)))
+
+
+def _prepare_only(engine: Any, spec: Any) -> Any:
+    """What ``engine.prepare`` returns for ``spec`` (every check run, nothing compiled), or
+    None where the engine has no such step (the job then compiles as ``"prepared"``)."""
+    prepare = getattr(engine, "prepare", None)
+    if prepare is None or spec.kind != "json_schema":
+        return None
+    spec.run_deferred_check()
+    return prepare(spec)
 
 
 class _KeepPrepared:
@@ -661,16 +678,17 @@ class WorkerPool:
         ``local_below_s``, ``"always"`` ships it, ``"never"`` only reports that it compiled
         (the parent compiled it too: ``CompileService(race=True)``), ``"prepared"`` never
         ships it but sends what the engine's ``prepare`` returned (the parent recompiles it
-        without the checks).
+        without the checks), ``"prepare"`` sends that without compiling at all (the parent
+        compiles it, once; as ``"prepared"`` for an engine or spec kind with no such step).
 
         ``background``: the job starts only while no other compile waits, on a worker
         whose priority is lowered at once (the long lane's: it holds no slot); that worker
         is then kept, idle, for the next background job (:data:`_BACKGROUND_KEPT`), so
         background jobs do not turn the regular workers over; ``CompileService``'s engine
         upgrades."""
-        if serialize not in ("auto", "always", "never", "prepared"):
-            raise ValueError("serialize must be 'auto', 'always', 'never' or 'prepared', got "
-                             f"{serialize!r}")
+        if serialize not in _SERIALIZE:
+            raise ValueError(f"serialize must be one of {', '.join(map(repr, _SERIALIZE))}, "
+                             f"got {serialize!r}")
         job_id = next(self._ids)
         payload = _dumps((job_id, engine, spec_dict, serialize))
         job = _Job(job_id, engine, payload, timeout_s, done,
@@ -1084,3 +1102,6 @@ def _deliver(job: _Job, outcome: WorkerReply | BaseException) -> None:
         job.done(outcome)
     except Exception:  # a caller's callback must not stop the reader
         log.exception("compile job callback failed")
+
+#: What a job's reply carries (``WorkerPool.submit``'s ``serialize``).
+_SERIALIZE = ("auto", "always", "never", "prepared", "prepare")

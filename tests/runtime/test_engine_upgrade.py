@@ -7,6 +7,7 @@ jobs never hold a worker slot (they run at the long lane's priority)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import threading
@@ -341,3 +342,70 @@ def test_a_long_foreground_compiles_worker_is_retired_not_kept(info):
         assert len(pids) == 2 and all(os.getpriority(os.PRIO_PROCESS, p) < 10 for p in pids)
     finally:
         pool.close()
+
+
+def _open_object(names: int, prefix: str) -> dict:
+    """An open object of ``names`` long declared names: xgrammar's exact grammar for it
+    (a free name must spell none of them) takes it about a second to compile."""
+    # (No two names share a suffix: xgrammar compiles a state of a shared one once.)
+    return {"type": "object", "properties": {
+        hashlib.sha256(f"{prefix}{i}".encode()).hexdigest()[:24]: {"type": "integer"}
+        for i in range(names)}}
+
+
+def test_a_worker_asked_to_prepare_checks_the_spec_and_compiles_nothing(info):
+    from portable_guided.runtime.engines import engine_class
+    from portable_guided.runtime.engines.xgrammar import XGrammarEngine
+    from portable_guided.runtime.worker import WorkerPool
+
+    pool = WorkerPool(lambda: {"xgrammar": engine_class("xgrammar").tokenizer_payload(info)},
+                      size=1)
+    try:
+        spec = GrammarSpec.json_schema(_open_object(12, "p"))
+        status, text, prepare_s = pool.run("xgrammar", spec.to_dict(), 60, "prepare")
+        assert status == "ok"
+        assert tuple(text["prepared"]) == XGrammarEngine.create(info).prepare(spec)
+        status, _, compile_s = pool.run("xgrammar", spec.to_dict(), 60, "prepared")
+        assert status == "ok" and prepare_s * 10 < compile_s, (prepare_s, compile_s)
+        # The checks still run: a spec xgrammar cannot enforce is refused.
+        refused = GrammarSpec.json_schema({"type": "string", "pattern": "^a+$", "maxLength": 3})
+        assert pool.run("xgrammar", refused.to_dict(), 60, "prepare")[0] == "unsupported"
+        with pytest.raises(ValueError, match="serialize must be one of"):
+            pool.run("xgrammar", spec.to_dict(), 60, "prepare-only")
+    finally:
+        pool.close()
+
+
+def test_an_upgrade_compile_past_its_limit_is_left_running_and_the_next_uses_a_worker(
+        info, monkeypatch):
+    """An upgrade compiles here once; one past UPGRADE_LIMIT_S fails the upgrade at the
+    limit (it cannot be killed here: it is left to finish), and until it ends the next
+    upgrades compile in a worker first (which can be killed)."""
+    monkeypatch.setattr(service, "UPGRADE_LIMIT_S", 0.3)
+    with GrammarRuntime(info, "auto", compile_timeout_s=20) as rt:
+        pool = rt._service._pool
+        asked: list[str] = []
+        real_run = pool.run
+
+        def spy(engine, spec_dict, timeout_s, serialize="auto", **kw):
+            if kw.get("background"):
+                asked.append(serialize)
+            return real_run(engine, spec_dict, timeout_s, serialize, **kw)
+
+        monkeypatch.setattr(pool, "run", spy)
+        slow = GrammarSpec.json_schema(_open_object(16, "slow"))
+        rt.compile(slow)
+        assert _settled(rt, slow) == "failed"
+        runaway = rt._service._upgrade_runaway
+        assert runaway is not None and not runaway.done(), "failed only once it had ended"
+        spec = GrammarSpec.json_schema(SCHEMA)
+        rt.compile(spec)
+        assert _settled(rt, spec) == "done"
+        assert not runaway.done(), "the slow compile ended first: the test proves nothing"
+        assert asked == ["prepare", "prepared"]
+        runaway.result(timeout=120)
+        after = GrammarSpec.json_schema({**SCHEMA, "required": ["n", "s"]})
+        rt.compile(after)
+        assert _settled(rt, after) == "done" and asked[-1] == "prepare"
+        assert decide_text(rt, SCHEMA, '{"n": 3, "x": 1}') is False
+        assert rt.metrics()["upgrade_failures"] == 1 and rt.metrics()["upgrades"] == 2

@@ -732,3 +732,38 @@ def test_a_one_of_branch_narrowed_to_nothing_leaves_the_others():
     narrowed = lower(overlapping, approximate=True)
     for x in ([1], ["a"], [], "s"):
         assert not _valid(narrowed, x) or _valid(overlapping, x), (x, narrowed)
+
+
+# -- patternProperties that every name matches -------------------------------------------------
+_EVERY = {"type": "number", "minimum": 0}
+EVERY_NAME = [
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": False},
+     "patternProperties": {".*": _EVERY}, "additionalProperties": False},
+    {"type": "object", "patternProperties": {"^.*": _EVERY}, "required": ["z"]},
+    {"type": "object", "properties": {"a": {"type": "string"}}, "patternProperties": {"": {}},
+     "additionalProperties": False},
+    {"type": "object", "patternProperties": {"^": {"$ref": "#/$defs/n"}},
+     "$defs": {"n": {"type": "integer"}}},
+]
+#: Kept: ``.`` stops at a line break (a name with one matches no ``^.*$``), two patterns.
+NOT_EVERY_NAME = [
+    {"type": "object", "patternProperties": {"^.*$": _EVERY}, "additionalProperties": False},
+    {"type": "object", "patternProperties": {".*": _EVERY, "^a": {"type": "integer"}}},
+]
+NAME_INSTANCES = [{}, {"a": 1}, {"a": -1}, {"a": 1.5}, {"a": "x"}, {"b": 1}, {"z": 3},
+                  {"z": -3}, {"a\nb": 1}, {"": 0}, {"q": 2, "r": "s"}, {"q": True}, [], 1]
+
+
+@pytest.mark.parametrize("schema", EVERY_NAME + NOT_EVERY_NAME)
+def test_a_pattern_every_name_matches_lowers_to_additional_properties(schema):
+    lowered = lower(schema)
+    every = schema in EVERY_NAME
+    assert ("patternProperties" not in lowered) == every, lowered
+    for x in NAME_INSTANCES:
+        assert _valid(lowered, x) == _valid(schema, x), (schema, lowered, x)
+
+
+def test_a_wrong_reading_of_a_line_break_would_be_caught():
+    # (The reference tells ^.*$ from .*: a name with a line break matches only the second.)
+    assert _valid(NOT_EVERY_NAME[0], {"a\nb": 1}) is False
+    assert _valid({**NOT_EVERY_NAME[0], "patternProperties": {".*": _EVERY}}, {"a\nb": 1})

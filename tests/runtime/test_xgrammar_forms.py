@@ -252,3 +252,16 @@ def test_an_escaped_spelling_of_a_declared_name_is_not_a_free_name(engine, runti
     text = '{"\\u0061b": "x"}'  # the name "ab", its value not an integer
     assert not _valid(schema, json.loads(text))
     assert decide_text(runtimes[engine], schema, text) is False
+
+
+def test_xgrammar_enforces_patterns_every_name_matches(runtimes):
+    """``patternProperties: {".*": S}`` (every name matches: lowered to
+    ``additionalProperties: S``) compiles on xgrammar, which refused it, and decides as the
+    validator does: declared names first, in schema order."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}},
+              "patternProperties": {".*": {"type": "number", "minimum": 0}},
+              "additionalProperties": False}
+    for x in [{}, {"a": 1}, {"a": -1}, {"a": 1.5}, {"a": 1, "q": 2.5}, {"q": -2},
+              {"a": 2, "q": "x"}, {"q": 0, "r": 1}]:
+        got = decide_text(runtimes["xgrammar"], schema, json.dumps(x))
+        assert got == _valid(schema, x), (x, got)
