@@ -232,14 +232,19 @@ def _serve_engines(conn: Any, engines: dict[str, Any], local_below_s: float) -> 
                                 time.perf_counter() - t0)))
 
 
+def _prepares(engine: Any, spec: Any) -> bool:
+    """Whether ``engine`` compiles ``spec`` in two steps, ``prepare`` (the checks) and
+    ``compile_prepared`` (see ``XGrammarEngine.prepare``)."""
+    return spec.kind == "json_schema" and hasattr(engine, "prepare")
+
+
 def _prepare_only(engine: Any, spec: Any) -> Any:
     """What ``engine.prepare`` returns for ``spec`` (every check run, nothing compiled), or
     None where the engine has no such step (the job then compiles as ``"prepared"``)."""
-    prepare = getattr(engine, "prepare", None)
-    if prepare is None or spec.kind != "json_schema":
+    if not _prepares(engine, spec):
         return None
     spec.run_deferred_check()
-    return prepare(spec)
+    return engine.prepare(spec)
 
 
 class _KeepPrepared:
@@ -251,10 +256,9 @@ class _KeepPrepared:
         self.prepared: Any = None
 
     def compile(self, spec: Any) -> Any:
-        prepare = getattr(self._engine, "prepare", None)
-        if prepare is None or spec.kind != "json_schema":
+        if not _prepares(self._engine, spec):
             return self._engine.compile(spec)
-        self.prepared = prepare(spec)
+        self.prepared = self._engine.prepare(spec)
         return self._engine.compile_prepared(self.prepared)
 
     def __getattr__(self, name: str) -> Any:
