@@ -37,8 +37,10 @@ from .xgrammar_patterns import (
     LARGEST_JSON_REPEAT,
     interior_anchor,
     largest_repeat,
+    may_match,
     names_control_character,
     needs_escaped_character,
+    patterns_disjoint,
 )
 
 __all__ = ["unsound", "xgrammar_escapes", "format_unsupported", "xgrammar_unsupported",
@@ -107,9 +109,11 @@ def _counts_repeated_names(node: Mapping[str, Any]) -> bool:
     return not closed
 
 
-#: Keywords naming properties (:func:`xgrammar_escapes` reads their names).
-_NAMED = frozenset(("properties", "patternProperties", "dependentSchemas", "dependentRequired",
-                    "required"))
+#: Keywords naming properties (:func:`xgrammar_escapes` reads their names). Not
+#: ``patternProperties``: its names are regexes, which xgrammar matches against the name's
+#: JSON text; those it would match wrongly (a ``\\`` or ``"`` outside a class, a control
+#: character) are refused as patterns (:func:`_xgrammar_node_problems`).
+_NAMED = frozenset(("properties", "dependentSchemas", "dependentRequired", "required"))
 
 
 def xgrammar_escapes(schema: Any) -> list[str]:
@@ -120,8 +124,7 @@ def xgrammar_escapes(schema: Any) -> list[str]:
         if _NAMED.isdisjoint(node):
             continue  # (most nodes)
         names: list[Any] = []
-        for key in ("properties", "patternProperties", "dependentSchemas",
-                    "dependentRequired"):
+        for key in ("properties", "dependentSchemas", "dependentRequired"):
             if isinstance(node.get(key), Mapping):
                 names += list(node[key])
         if isinstance(node.get("required"), list):
@@ -272,6 +275,28 @@ def _types_within(kinds: set[str] | None, types: list[Any]) -> bool:
     return kinds <= allowed
 
 
+def _names_of_two_schemas(node: Mapping[str, Any]) -> Iterator[str]:
+    # JSON Schema checks a name's value against every schema whose name or pattern it
+    # matches; xgrammar 0.2.8 against any one of them (`{"ab": "y"}` passed a property
+    # `ab` of type string beside patternProperties `^a.*$` of `enum: ["x"]`).
+    patterns = node.get("patternProperties")
+    if not isinstance(patterns, Mapping) or not patterns:
+        return
+    props = node.get("properties")
+    for name in props if isinstance(props, Mapping) else ():
+        matched = [p for p in patterns if may_match(p, name)]
+        if matched:
+            yield (f"property {name[:30]!r} matches patternProperties {matched[0][:30]!r}: "
+                   "xgrammar checks its value against one schema, not both")
+            return
+    for i, first in enumerate(patterns):
+        for second in list(patterns)[i + 1:]:
+            if not patterns_disjoint(first, second):
+                yield (f"patternProperties {first[:30]!r} and {second[:30]!r} may match one "
+                       "name: xgrammar checks its value against one schema, not both")
+                return
+
+
 def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterator[str]:
     # Each rule below is a case where xgrammar 0.2.8 accepted a different language than
     # JSON Schema's (found by the MaskBench differential, pinned by a test each).
@@ -289,6 +314,7 @@ def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterat
     if "patternProperties" in node and node.get("additionalProperties") is not False:
         yield ("patternProperties with additional properties allowed: xgrammar rejects "
                "names that match no pattern")
+    yield from _names_of_two_schemas(node)
     for p in node_patterns(node):
         if largest_repeat(p) > LARGEST_JSON_REPEAT:
             yield (f"pattern {p[:40]!r} repeats more than {LARGEST_JSON_REPEAT} times: "
@@ -316,7 +342,9 @@ def _xgrammar_node_problems(node: Mapping[str, Any], types: list[Any]) -> Iterat
             yield (f"{key} beside {sorted(siblings - {key})[:4]}: xgrammar ignores one or "
                    "the other")
     required = node.get("required")
-    if isinstance(required, list) and required:
+    # (on a node that cannot be an object, `required` says nothing: `{"type": "array",
+    # "required": [...]}`, Github_medium o14076)
+    if isinstance(required, list) and required and (not types or "object" in types):
         props: Mapping[str, Any] = (node["properties"] if isinstance(node.get("properties"),
                                                                       Mapping) else {})
         missing = [r for r in required if r not in props]

@@ -27,6 +27,9 @@ from .xgrammar_patterns import (
     LARGEST_JSON_REPEAT,
     MAX_ESCAPED_MIN_LENGTH,
     exact_pattern,
+    hoisted_anchors,
+    top_level_branches,
+    unwrapped,
 )
 
 __all__ = ["declared_required", "length_pattern", "lengths_implied", "typed_values", "pattern_with_lengths", "search_pattern", "structured_values_text",
@@ -182,11 +185,22 @@ def _ends_anchored(pattern: str) -> bool:
 
 def search_pattern(pattern: str) -> str:
     """JSON Schema's ``pattern`` searches (ECMA-262: a match anywhere in the string);
-    xgrammar matches the whole string. The search as a whole-string match: an unanchored
+    xgrammar matches the whole string. The search as a whole-string match, one top-level
+    ``|`` branch at a time (a string matches somewhere if one branch does): an unanchored
     side becomes any run of characters written without escapes (what xgrammar's strings
-    hold), so ``\\d{3}`` is ``^[^...]*(\\d{3})[^...]*$``. Exact for a pattern without a
-    top-level ``|``; with one, anchoring the whole alternation where one branch was
-    anchored narrows it (``^a|b`` to strings starting with ``a`` or ``b``): a subset, sound."""
+    hold), so ``\\d{3}`` is ``^[^...]*(\\d{3})[^...]*$``; anchors of a group spanning a
+    branch count as the branch's (``(^a$)|b`` is ``^((a)|[^...]*(b)[^...]*)$``,
+    :func:`.xgrammar_patterns.hoisted_anchors`), and a group spanning the whole pattern is
+    read as its content (``(^a|b)``)."""
+    branches = top_level_branches(unwrapped(pattern))
+    if len(branches) == 1:
+        return _searched_branch(pattern)
+    # (one pair of anchors around them all: xgrammar warns of each anchor beside a `|`)
+    return "^(" + "|".join(_searched_branch(b)[1:-1] for b in branches) + ")$"
+
+
+def _searched_branch(pattern: str) -> str:
+    pattern = hoisted_anchors(pattern)
     start, end = pattern.startswith("^"), _ends_anchored(pattern)
     if start and end:
         return pattern
@@ -286,8 +300,10 @@ def xgrammar_exact_strings(schema: Any) -> tuple[Any, list[str]]:
     object where one changed, ``schema`` itself otherwise), and the patterns that could not
     be scanned (or that two names of one ``patternProperties`` share once rewritten):
 
-    - every ``pattern`` and ``patternProperties`` name passed through
-      ``xgrammar_patterns.exact_pattern``;
+    - every ``pattern`` and ``patternProperties`` name as the whole-string match of its
+      search (:func:`search_pattern`) passed through ``xgrammar_patterns.exact_pattern``
+      (xgrammar matches a name's regex against the name's JSON text, where the search's
+      filler allows no escape: a subset, as in every string xgrammar writes);
     - ``minLength``/``maxLength`` up to 128 as the ``pattern`` of :func:`length_pattern`:
       xgrammar's own length-bounded string lets raw control characters (tab, U+0000-U+001F
       but newline and carriage return) into the string, which is then not JSON. (xgrammar
@@ -302,8 +318,8 @@ def xgrammar_exact_strings(schema: Any) -> tuple[Any, list[str]]:
         return schema, []
     bad: list[str] = []
 
-    def exact(text: str, *, search: bool = True) -> str:
-        out = exact_pattern(search_pattern(text) if search else text)
+    def exact(text: str) -> str:
+        out = exact_pattern(search_pattern(text))
         if out is None:
             bad.append(text)
         return text if out is None else out
@@ -337,9 +353,7 @@ def xgrammar_exact_strings(schema: Any) -> tuple[Any, list[str]]:
         if isinstance(out.get("patternProperties"), Mapping):
             names: dict[str, Any] = {}
             for name, sub in out["patternProperties"].items():
-                # (searched names stay refused: the filler's `"` and `\` would be in the
-                # name, which xgrammar mis-escapes)
-                key = exact(name, search=False)
+                key = exact(name)
                 if key in names:
                     bad.append(name)
                 names[key] = sub

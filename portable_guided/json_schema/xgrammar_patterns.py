@@ -189,3 +189,170 @@ def _class_end(pattern: str, start: int) -> int | None:
         else:
             i += 1
     return None
+
+
+#: Characters with a meaning in a regex outside a class (a literal when escaped).
+_REGEX_META = frozenset("\\.[]()*+?{}|^$")
+
+
+def _literal_ends(pattern: str) -> tuple[str, str]:
+    """The text every match of ``pattern`` starts with and ends with (as a whole-string
+    match: only an anchored side has one), read from its plain characters (groups seen
+    through) up to the first construct that is not one (a class, ``.``, ``\\d``, anything
+    repeated). Empty for a side not anchored, and for both sides when ``pattern`` has a
+    ``|`` or a ``(?`` other than ``(?:`` (whose reach this does not read)."""
+    if "|" in pattern or re.search(r"\(\?(?!:)", pattern):
+        return "", ""
+    atoms: list[str | None] = []  # a literal character, or None for anything else
+    opened: list[int] = []  # where each open group starts in `atoms`
+    last = 0  # where the last atom (a group: all of it) starts
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c in "*+?{":
+            atoms[last:] = [None] * (len(atoms) - last)  # (repeated: not a fixed text)
+            end = pattern.find("}", i) if c == "{" else i
+            i = (end if end >= 0 else len(pattern)) + 1
+            continue
+        if c == "(":
+            opened.append(len(atoms))
+            i += 3 if pattern.startswith("(?:", i) else 1
+            continue
+        if c == ")":
+            last = opened.pop() if opened else 0
+            i += 1
+            continue
+        last = len(atoms)
+        if c == "\\":
+            nxt = pattern[i + 1:i + 2]
+            atoms.append(nxt if nxt and not nxt.isalnum() else None)
+            i += 2
+        elif c == "[":
+            atoms.append(None)
+            i = _class_end(pattern, i) or len(pattern)
+        else:
+            atoms.append(None if c in _REGEX_META else c)
+            i += 1
+    start = pattern.startswith("^")
+    end = _ends_with_anchor(pattern)
+    body = atoms[1 if start else 0:len(atoms) - 1 if end else len(atoms)]
+
+    def plain(seq: list[str | None]) -> str:
+        out = []
+        for a in seq:
+            if a is None:
+                break
+            out.append(a)
+        return "".join(out)
+
+    return (plain(body) if start else "", plain(body[::-1])[::-1] if end else "")
+
+
+def _ends_with_anchor(pattern: str) -> bool:
+    body = pattern[:-1]
+    return pattern.endswith("$") and (len(body) - len(body.rstrip("\\"))) % 2 == 0
+
+
+def patterns_disjoint(first: str, second: str) -> bool:
+    """Whether no string matches both regexes, shown by the fixed text they start or end
+    with (``^S_`` and ``^I_``; ``_id$`` and ``_at$``). False where that does not show it
+    (they may well be disjoint): a caller that needs disjointness treats False as overlap."""
+    (head1, tail1), (head2, tail2) = _literal_ends(first), _literal_ends(second)
+    n, m = min(len(head1), len(head2)), min(len(tail1), len(tail2))
+    return head1[:n] != head2[:n] or (m > 0 and tail1[-m:] != tail2[-m:])
+
+
+def may_match(pattern: str, name: str) -> bool:
+    """Whether the ECMA-262 regex ``pattern`` may find a match in ``name``, read by Python's
+    ``re`` where it can (its ``\\w``, ``\\d``, ``\\s`` and ``$`` match at least what
+    ECMA-262's do): True where Python cannot read it."""
+    try:
+        return re.search(pattern, name) is not None
+    except (re.error, RecursionError, OverflowError):
+        return True
+
+
+def top_level_branches(pattern: str) -> list[str]:
+    """``pattern`` split at its top-level ``|`` (not inside a group or a class, not
+    escaped); one item where it has none or cannot be read (an unclosed class)."""
+    branches, depth, start, i = [], 0, 0, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            end = _class_end(pattern, i)
+            if end is None:
+                return [pattern]
+            i = end
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            branches.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    return [*branches, pattern[start:]]
+
+
+def unwrapped(pattern: str) -> str:
+    """``pattern`` without the groups that span all of it (``((^a|b))`` is ``^a|b``):
+    the same regex, the group being matched once, with nothing around it (not where a
+    back-reference would count the groups differently)."""
+    if re.search(r"\\[1-9]", pattern):
+        return pattern
+    while pattern.startswith("(") and pattern.endswith(")") and (
+            not pattern.startswith("(?") or pattern.startswith("(?:")):
+        inner = pattern[3 if pattern.startswith("(?:") else 1:-1]
+        if not _balanced(inner):
+            break
+        pattern = inner
+    return pattern
+
+
+def hoisted_anchors(branch: str) -> str:
+    """``branch`` (no top-level ``|``) with the anchors of a group that spans all of it
+    moved outside: ``(^a+$)`` is ``^(a+)$``. The same regex: nothing is read before
+    the group or after it. Groups with a ``|`` of their own are left as they are (the anchor
+    would then cover the other branches too)."""
+    if not (branch.startswith("(") and branch.endswith(")")) or branch.startswith("(?") and (
+            not branch.startswith("(?:")):
+        return branch
+    opening = 3 if branch.startswith("(?:") else 1
+    inner = branch[opening:-1]
+    if len(top_level_branches(inner)) > 1 or not _balanced(inner):
+        return branch
+    inner = hoisted_anchors(inner)
+    head = "^" if inner.startswith("^") else ""
+    tail = "$" if _ends_with_anchor(inner) and len(inner) > len(head) else ""
+    if not (head or tail):
+        return branch
+    return f"{head}{branch[:opening]}{inner[len(head):len(inner) - len(tail)]}){tail}"
+
+
+def _balanced(text: str) -> bool:
+    """Whether every group that opens in ``text`` closes in it, and none closes that did
+    not open there (so ``(a)(b)`` is not taken for one group around ``a)(b``), and no
+    escape is left open at its end (``a\\`` of ``(a\\)``)."""
+    depth, i = 0, 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            if i + 1 == len(text):
+                return False
+            i += 2
+            continue
+        if c == "[":
+            end = _class_end(text, i)
+            if end is None:
+                return False
+            i = end
+            continue
+        depth += (c == "(") - (c == ")")
+        if depth < 0:
+            return False
+        i += 1
+    return depth == 0

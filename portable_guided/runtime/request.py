@@ -134,6 +134,9 @@ class Request:
         self._metrics = context.metrics
         self._executor = context.executor
         self._lock = threading.Lock()
+        # The bitmask :meth:`fill` checked last: (it, rows, shape, NumPy view, a tensor's
+        # data pointer or None).
+        self._seen_bitmask: tuple[Any, int, Any, Any, int | None] = (None, 0, None, None, None)
         self.on_error = on_error
         self.reasoning = reasoning
         self.stop_token_ids: tuple[int, ...] = context.rows.stop_token_ids
@@ -469,9 +472,26 @@ class Request:
     def fill(self, bitmask: Any, row: int = 0) -> None:
         """Fill ``bitmask[row]`` with this request's next-token mask (single-request path;
         use ``GrammarRuntime.fill_bitmask`` for batches)."""
-        self._check_row(bitmask, row)
+        seen = self._seen_bitmask
+        # The buffer filled last time, same shape and (a tensor) same storage: checked then.
+        # A decode loop passes one buffer, and each check costs microseconds when the
+        # caches are cold (as they are after a forward pass).
+        if (bitmask is seen[0] and type(row) is int and 0 <= row < seen[1]
+                and bitmask.shape == seen[2]
+                and (seen[4] is None or bitmask.data_ptr() == seen[4])):
+            arr = seen[3]
+        else:
+            self._check_row(bitmask, row)
+            arr = as_numpy_bitmask(bitmask, self._rows.words)
+            self._seen_bitmask = (bitmask, arr.shape[0], bitmask.shape, arr,
+                                  None if type(bitmask) is np.ndarray else bitmask.data_ptr())
         with self._lock:
-            self._fill_any(bitmask, row)
+            matcher = self.fill_target(bitmask, row)
+            if matcher is None:
+                return
+            matcher.fill(bitmask, row)
+            if not (np.count_nonzero(arr[row]) and matcher.error() is None):
+                self.check_filled(bitmask, row)
 
     def _check_row(self, bitmask: Any, row: Any, count: int = 1) -> None:
         """Rows ``row .. row+count-1`` exist in ``bitmask`` (an int32 ``(rows, words)`` CPU

@@ -83,6 +83,47 @@ def test_bad_bitmask_and_rows(rt):
         rt.fill_bitmask(reqs, [[0]])
 
 
+def test_a_reused_buffer_is_still_checked_row_by_row(rt):
+    """``Request.fill`` checks a NumPy buffer once, then only the row: a row out of range,
+    a row of the wrong type or another buffer of a bad shape still raise on a buffer it
+    has filled before, and the masks match a fresh buffer's."""
+    req, = _requests(rt, 1)
+    bm = rt.allocate_bitmask(2)
+    req.fill(bm, 1)
+    req.fill(bm, 0)  # (the checked buffer again)
+    fresh = rt.allocate_bitmask(1)
+    req.fill(fresh, 0)
+    assert np.array_equal(bm[0], fresh[0]) and np.array_equal(bm[1], fresh[0])
+    with pytest.raises(ValueError, match="row 2 out of range for a bitmask of 2 rows"):
+        req.fill(bm, 2)
+    with pytest.raises(ValueError, match="row -1 out of range"):
+        req.fill(bm, -1)
+    with pytest.raises(TypeError, match="row must be an int, got bool"):
+        req.fill(bm, True)
+    with pytest.raises(ValueError, match="shape"):
+        req.fill(np.zeros((2, 7), dtype=np.int32), 0)
+    with pytest.raises(ValueError, match="got int64"):
+        req.fill(np.zeros((2, rt.bitmask_words), dtype=np.int64), 0)
+
+
+
+def test_a_reused_tensor_is_checked_again_once_changed(rt):
+    """A CPU tensor can take other storage or another shape under the same object (``set_``,
+    ``resize_``): the fill then checks it again instead of writing through the old view."""
+    torch = pytest.importorskip("torch")
+    req, = _requests(rt, 1)
+    bm = torch.zeros((2, rt.bitmask_words), dtype=torch.int32)
+    req.fill(bm, 1)
+    ref = rt.allocate_bitmask(1)
+    req.fill(ref, 0)
+    bm.set_(torch.zeros((64, rt.bitmask_words), dtype=torch.int32))  # (other storage)
+    req.fill(bm, 63)
+    assert np.array_equal(bm[63].numpy(), ref[0]) and not bm[1].any()
+    bm.resize_(1, rt.bitmask_words)  # (the same storage, one row)
+    with pytest.raises(ValueError, match="row 1 out of range for a bitmask of 1 rows"):
+        req.fill(bm, 1)
+
+
 def test_threaded_and_inline_paths_agree(deepseek):
     # parallel_fill_min_us=0 always hands rows to the engine's threads; a huge threshold
     # always fills inline. Both must write identical masks.

@@ -265,3 +265,59 @@ def test_xgrammar_enforces_patterns_every_name_matches(runtimes):
               {"a": 2, "q": "x"}, {"q": 0, "r": 1}]:
         got = decide_text(runtimes["xgrammar"], schema, json.dumps(x))
         assert got == _valid(schema, x), (x, got)
+
+
+#: ``patternProperties`` names xgrammar now takes: regex escapes (it matches a name's regex
+#: against the name's JSON text, escapes being the regex's) and unanchored names (searched).
+NAMED_BY_PATTERN = [
+    {"type": "object", "patternProperties": {r"^([\w])+\.([\w])+$": {"type": "string"}},
+     "additionalProperties": False},
+    {"type": "object", "patternProperties": {"^[0-9]+": {"type": "integer"}},
+     "additionalProperties": False},
+    {"type": "object", "patternProperties": {r"^x\d": {"type": "null"}, "^S_": {"type": "string"}},
+     "additionalProperties": False},
+]
+NAMES = ["a.b", "ab", "a_1.b2", "a.b.c", ".b", "12", "12a", "a1", "S_x", "S_1", "x9", "x9y", "S", ""]
+
+
+@pytest.mark.parametrize("schema", NAMED_BY_PATTERN)
+def test_xgrammar_enforces_pattern_names_with_escapes_or_searched(schema, runtimes):
+    """Each compiles on xgrammar (refused before) and decides one-property instances of
+    every value type as the validator does."""
+    for name in NAMES:
+        for value in ["x", 1, None]:
+            x = {name: value}
+            got = decide_text(runtimes["xgrammar"], schema, json.dumps(x))
+            assert got == _valid(schema, x), (schema, x, got)
+
+
+#: A name whose value two schemas check: JSON Schema checks it against both, xgrammar 0.2.8
+#: against either (it accepted ``{"ab": "y"}`` for each of these).
+TWO_SCHEMAS = [
+    {"type": "object", "patternProperties": {"^a.*$": {"type": "string"},
+                                             "^.*b$": {"type": "string", "enum": ["x"]}},
+     "additionalProperties": False},
+    {"type": "object", "properties": {"ab": {"type": "string"}},
+     "patternProperties": {"^a.*$": {"type": "string", "enum": ["x"]}},
+     "additionalProperties": False},
+]
+
+
+@pytest.mark.parametrize("schema", TWO_SCHEMAS)
+def test_a_name_two_schemas_check_is_refused_on_xgrammar_and_enforced_by_auto(schema,
+                                                                             runtimes):
+    assert decide_text(runtimes["xgrammar"], schema, '{"ab": "x"}') is None
+    for x in [{"ab": "y"}, {"ab": "x"}, {"ac": "y"}, {"ab": 1}]:
+        got = decide_text(runtimes["auto"], schema, json.dumps(x))
+        assert got in (None, _valid(schema, x)), (x, got)  # (llguidance refuses the first)
+    assert decide_text(runtimes["auto"], TWO_SCHEMAS[1], '{"ab": "y"}') is False
+
+
+def test_required_on_a_node_that_is_no_object_says_nothing(runtimes):
+    """``{"type": "array", "required": [...]}`` (Github_medium o14076): xgrammar refused it
+    for the undeclared name; it compiles now and decides as the validator does."""
+    schema = {"type": "object", "properties": {"n": {"type": "array", "required": ["n"],
+                                                     "items": {"type": "integer"}}}}
+    for x in [{}, {"n": []}, {"n": [1, 2]}, {"n": ["a"]}, {"n": {"n": 1}}]:
+        got = decide_text(runtimes["xgrammar"], schema, json.dumps(x))
+        assert got == _valid(schema, x), (x, got)

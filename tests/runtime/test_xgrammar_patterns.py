@@ -11,6 +11,7 @@ import re
 import pytest
 
 from portable_guided.json_schema.xgrammar_forms import pattern_with_lengths, search_pattern
+from portable_guided.json_schema.xgrammar_patterns import patterns_disjoint
 from portable_guided.runtime.json_semantics import xgrammar_exact_strings as exact_schema_patterns
 from portable_guided.runtime.xgrammar_patterns import exact_pattern, needs_escaped_character
 
@@ -192,16 +193,39 @@ def test_unanchored_patterns_search_as_python_re_does():
         assert _xgrammar_accepts_schema({"type": "string", "pattern": pattern}) == want, pattern
 
 
-def test_a_top_level_alternation_is_searched_soundly():
-    # `^a|b` is "starts with a, or holds b": anchoring the alternation narrows it (a
-    # subset: every string accepted holds a match).
+def test_a_top_level_alternation_is_searched_branch_by_branch():
+    # `^a|b` is "starts with a, or holds b": each branch searched on its own, exactly.
     pattern = "^a|b"
-    got = _xgrammar_accepts_schema({"type": "string", "pattern": pattern})
-    assert got and all(re.search(pattern, s) for s in got)
+    want = {s for s in STRINGS if re.search(pattern, s)}
+    assert _xgrammar_accepts_schema({"type": "string", "pattern": pattern}) == want
     assert search_pattern("^a$") == "^a$"
     # `a\\$`: a backslash, then the anchor; `a\$`: a literal dollar, unanchored.
     assert search_pattern("a\\\\$") == f"^{ANY}*(a\\\\)$"
     assert search_pattern("a\\$") == f"^{ANY}*(a\\$){ANY}*$"
+    # Anchors of a group spanning a branch, or the whole pattern (Github_medium o1529,
+    # o14405): the branch's own.
+    assert search_pattern("(^a+$)") == "^(a+)$"
+    assert search_pattern("(^a|b)") == f"^((a){ANY}*|{ANY}*(b){ANY}*)$"
+
+
+def test_alternations_with_anchors_in_groups_search_as_python_re_does():
+    """Branches anchored or not, some as a group holding their anchors (``(^ab$)``), the
+    whole sometimes in one more group: xgrammar (after the rewrite) accepts exactly the
+    strings Python's ``re.search`` finds a match in."""
+    rng = random.Random(20261128)
+    for _ in range(200):
+        branches = []
+        for _ in range(rng.randint(1, 3)):
+            body = _random_regex(rng, depth=1)
+            start, end = rng.choice(["", "^"]), rng.choice(["", "$"])
+            branch = f"{start}{body}{end}"
+            branches.append(f"{rng.choice(['(', '(?:'])}{branch})" if rng.random() < 0.5
+                            else branch)
+        pattern = "|".join(branches)
+        if rng.random() < 0.3:
+            pattern = f"({pattern})"
+        want = {s for s in STRINGS if re.search(pattern, s)}
+        assert _xgrammar_accepts_schema({"type": "string", "pattern": pattern}) == want, pattern
 
 
 ONE_CLASS = ["^[a-b]", "^\\d", "^.", "^[^a]", "^\\w", "^[ab:]"]
@@ -228,3 +252,30 @@ def test_one_class_patterns_take_their_length_bounds():
     assert pattern_with_lengths("^[a-z]+$", 0, 64) == "^[a-z]{1,64}$"
     assert pattern_with_lengths("^[a-z]+x$", 0, 3) is None  # not one class: refused
     assert pattern_with_lengths("^\\w+$", 0, 500) is None  # above xgrammar's JSON repeats
+
+
+def _random_name_pattern(rng: random.Random) -> str:
+    atoms = ["a", "b", "_", r"\.", "a", "b", "[ab]", ".", "(ab)", "(a_)?", "(?:b)"]
+    body = "".join(a + ("" if a.endswith("?") else rng.choice(["", "", "", "*", "+", "?", "{2}"]))
+                   for a in (rng.choice(atoms) for _ in range(rng.randint(1, 4))))
+    return rng.choice(["^", "^", ""]) + body + rng.choice(["$", "$", ""])
+
+
+def test_patterns_disjoint_only_where_no_name_matches_both():
+    """Against every name of up to 5 characters over ``a``, ``b``, ``_``, ``.`` (Python's
+    ``re.search``, as JSON Schema searches): a pair called disjoint shares no name, and the
+    fixed starts and ends it reads do tell most prefix-distinct pairs apart."""
+    rng = random.Random(7)
+    names = ["".join(p) for n in range(6) for p in itertools.product("ab_.", repeat=n)]
+    told = 0
+    for _ in range(400):
+        first, second = _random_name_pattern(rng), _random_name_pattern(rng)
+        if patterns_disjoint(first, second):
+            told += 1
+            shared = [s for s in names if re.search(first, s) and re.search(second, s)]
+            assert not shared, (first, second, shared[:3])
+    assert told > 15, told  # (the check is not vacuous)
+    assert patterns_disjoint("^S_", "^I_") and patterns_disjoint("_id$", "_at$")
+    assert patterns_disjoint("^BIOS$", "^BIO$")
+    assert not patterns_disjoint("^a.*$", "^.*b$") and not patterns_disjoint("^(a|b)", "^c")
+    assert not patterns_disjoint("^(ab)?c$", "^c$")
