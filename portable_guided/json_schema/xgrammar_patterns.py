@@ -21,9 +21,11 @@ walk is ``xgrammar_forms.xgrammar_exact_strings``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
-__all__ = ["LARGEST_JSON_REPEAT", "MAX_ESCAPED_MIN_LENGTH", "exact_pattern", "largest_repeat",
-           "names_control_character", "needs_escaped_character"]
+__all__ = ["LARGEST_JSON_REPEAT", "MAX_ESCAPED_MIN_LENGTH", "exact_pattern", "hoisted_anchors",
+           "interior_anchor", "largest_repeat", "may_match", "names_control_character",
+           "needs_escaped_character", "patterns_disjoint", "top_level_branches", "unwrapped"]
 
 #: The largest repeat count (``{n}``, ``{n,m}``) xgrammar 0.2.8 builds with JSON's string
 #: rules. Above it, it builds the repeat another way, where ``.`` and negated classes also
@@ -148,27 +150,18 @@ def interior_anchor(pattern: str) -> bool:
     anchors: list[int] = []
     splits: list[int] = []
     depth = 0
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "[":
-            end = _class_end(pattern, i)
-            if end is None:
-                return True
-            i = end
-            continue
-        if c in "^$":
-            anchors.append(i)
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
-            splits.append(i)
-        i += 1
+    try:
+        for i, c in _plain_characters(pattern):
+            if c in "^$":
+                anchors.append(i)
+            elif c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+            elif c == "|" and depth == 0:
+                splits.append(i)
+    except _Unreadable:
+        return True
     allowed = {0, len(pattern) - 1, *(j + 1 for j in splits), *(j - 1 for j in splits)}
     return any(a not in allowed or (pattern[a] == "^") != (a == 0 or a - 1 in splits)
                for a in anchors)
@@ -275,26 +268,18 @@ def may_match(pattern: str, name: str) -> bool:
 def top_level_branches(pattern: str) -> list[str]:
     """``pattern`` split at its top-level ``|`` (not inside a group or a class, not
     escaped); one item where it has none or cannot be read (an unclosed class)."""
-    branches, depth, start, i = [], 0, 0, 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "[":
-            end = _class_end(pattern, i)
-            if end is None:
-                return [pattern]
-            i = end
-            continue
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
-            branches.append(pattern[start:i])
-            start = i + 1
-        i += 1
+    branches, depth, start = [], 0, 0
+    try:
+        for i, c in _plain_characters(pattern):
+            if c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+            elif c == "|" and depth == 0:
+                branches.append(pattern[start:i])
+                start = i + 1
+    except _Unreadable:
+        return [pattern]
     return [*branches, pattern[start:]]
 
 
@@ -337,22 +322,37 @@ def _balanced(text: str) -> bool:
     """Whether every group that opens in ``text`` closes in it, and none closes that did
     not open there (so ``(a)(b)`` is not taken for one group around ``a)(b``), and no
     escape is left open at its end (``a\\`` of ``(a\\)``)."""
-    depth, i = 0, 0
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            if i + 1 == len(text):
+    depth = 0
+    try:
+        for _, c in _plain_characters(text):
+            depth += (c == "(") - (c == ")")
+            if depth < 0:
                 return False
-            i += 2
-            continue
-        if c == "[":
-            end = _class_end(text, i)
-            if end is None:
-                return False
-            i = end
-            continue
-        depth += (c == "(") - (c == ")")
-        if depth < 0:
-            return False
-        i += 1
+    except _Unreadable:
+        return False
     return depth == 0
+
+
+class _Unreadable(ValueError):
+    """A pattern :func:`_plain_characters` cannot read."""
+
+
+def _plain_characters(pattern: str) -> Iterator[tuple[int, str]]:
+    """``(index, character)`` of each character of ``pattern`` neither escaped nor inside a
+    character class; raises :class:`_Unreadable` at an unclosed class or an escape left open
+    at the end."""
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            if i + 1 == len(pattern):
+                raise _Unreadable(pattern)
+            i += 2
+        elif c == "[":
+            end = _class_end(pattern, i)
+            if end is None:
+                raise _Unreadable(pattern)
+            i = end
+        else:
+            yield i, c
+            i += 1
