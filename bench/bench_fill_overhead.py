@@ -10,7 +10,7 @@ new random order at every token, each after a sleep of ``--pace-ms``:
 - ``matcher+count``: that, then ``np.count_nonzero`` of the row (a dead-end test);
 - ``request``: ``Request.fill`` (row checks, lock, hand-over check, dead-end test).
 
-    python bench/bench_fill_overhead.py --limit 15 --out bench/results/fill_overhead_cpu.json
+    python bench/bench_fill_overhead.py --limit 10 --out bench/results/fill_overhead_cpu.json
 
 Per way: mask us p50/p90/p99 over every token. ``raw`` against ``matcher`` says what our
 grammar costs; ``request`` against ``matcher`` what the runtime adds. A mask after an idle
