@@ -26,6 +26,7 @@ from .walk import _children_mapped, _map_bottom_up, _nodes, iter_schemas, map_sc
 from .xgrammar_patterns import (
     LARGEST_JSON_REPEAT,
     MAX_ESCAPED_MIN_LENGTH,
+    ends_anchored,
     exact_pattern,
     hoisted_anchors,
     top_level_branches,
@@ -177,12 +178,6 @@ def length_pattern(min_length: int, max_length: int | None) -> str | None:
     return f"^{_RAW_CHAR}{{{min_length},{max_length}}}$"
 
 
-def _ends_anchored(pattern: str) -> bool:
-    """Whether ``pattern`` ends with the ``$`` anchor (not an escaped ``\\$``)."""
-    body = pattern[:-1]
-    return pattern.endswith("$") and (len(body) - len(body.rstrip("\\"))) % 2 == 0
-
-
 def search_pattern(pattern: str) -> str:
     """JSON Schema's ``pattern`` searches (ECMA-262: a match anywhere in the string);
     xgrammar matches the whole string. The search as a whole-string match, one top-level
@@ -201,7 +196,7 @@ def search_pattern(pattern: str) -> str:
 
 def _searched_branch(pattern: str) -> str:
     pattern = hoisted_anchors(pattern)
-    start, end = pattern.startswith("^"), _ends_anchored(pattern)
+    start, end = pattern.startswith("^"), ends_anchored(pattern)
     if start and end:
         return pattern
     body = pattern[1 if start else 0:len(pattern) - 1 if end else len(pattern)]

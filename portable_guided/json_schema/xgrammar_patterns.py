@@ -23,9 +23,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-__all__ = ["LARGEST_JSON_REPEAT", "MAX_ESCAPED_MIN_LENGTH", "exact_pattern", "hoisted_anchors",
-           "interior_anchor", "largest_repeat", "may_match", "names_control_character",
-           "needs_escaped_character", "patterns_disjoint", "top_level_branches", "unwrapped"]
+__all__ = ["LARGEST_JSON_REPEAT", "MAX_ESCAPED_MIN_LENGTH", "ends_anchored", "exact_pattern",
+           "hoisted_anchors", "interior_anchor", "largest_repeat", "may_match",
+           "names_control_character", "needs_escaped_character", "patterns_disjoint",
+           "top_level_branches", "unwrapped"]
 
 #: The largest repeat count (``{n}``, ``{n,m}``) xgrammar 0.2.8 builds with JSON's string
 #: rules. Above it, it builds the repeat another way, where ``.`` and negated classes also
@@ -227,7 +228,7 @@ def _literal_ends(pattern: str) -> tuple[str, str]:
             atoms.append(None if c in _REGEX_META else c)
             i += 1
     start = pattern.startswith("^")
-    end = _ends_with_anchor(pattern)
+    end = ends_anchored(pattern)
     body = atoms[1 if start else 0:len(atoms) - 1 if end else len(atoms)]
 
     def plain(seq: list[str | None]) -> str:
@@ -241,7 +242,8 @@ def _literal_ends(pattern: str) -> tuple[str, str]:
     return (plain(body) if start else "", plain(body[::-1])[::-1] if end else "")
 
 
-def _ends_with_anchor(pattern: str) -> bool:
+def ends_anchored(pattern: str) -> bool:
+    """Whether ``pattern`` ends with the ``$`` anchor (not an escaped ``\\$``)."""
     body = pattern[:-1]
     return pattern.endswith("$") and (len(body) - len(body.rstrip("\\"))) % 2 == 0
 
@@ -289,12 +291,8 @@ def unwrapped(pattern: str) -> str:
     back-reference would count the groups differently)."""
     if re.search(r"\\[1-9]", pattern):
         return pattern
-    while pattern.startswith("(") and pattern.endswith(")") and (
-            not pattern.startswith("(?") or pattern.startswith("(?:")):
-        inner = pattern[3 if pattern.startswith("(?:") else 1:-1]
-        if not _balanced(inner):
-            break
-        pattern = inner
+    while (group := _spanning_group(pattern)) is not None:
+        pattern = group[1]
     return pattern
 
 
@@ -303,19 +301,27 @@ def hoisted_anchors(branch: str) -> str:
     moved outside: ``(^a+$)`` is ``^(a+)$``. The same regex: nothing is read before
     the group or after it. Groups with a ``|`` of their own are left as they are (the anchor
     would then cover the other branches too)."""
-    if not (branch.startswith("(") and branch.endswith(")")) or branch.startswith("(?") and (
-            not branch.startswith("(?:")):
+    group = _spanning_group(branch)
+    if group is None or len(top_level_branches(group[1])) > 1:
         return branch
-    opening = 3 if branch.startswith("(?:") else 1
-    inner = branch[opening:-1]
-    if len(top_level_branches(inner)) > 1 or not _balanced(inner):
-        return branch
+    opening, inner = group
     inner = hoisted_anchors(inner)
     head = "^" if inner.startswith("^") else ""
-    tail = "$" if _ends_with_anchor(inner) and len(inner) > len(head) else ""
+    tail = "$" if ends_anchored(inner) and len(inner) > len(head) else ""
     if not (head or tail):
         return branch
-    return f"{head}{branch[:opening]}{inner[len(head):len(inner) - len(tail)]}){tail}"
+    return f"{head}{opening}{inner[len(head):len(inner) - len(tail)]}){tail}"
+
+
+def _spanning_group(pattern: str) -> tuple[str, str] | None:
+    """``(opening, content)`` of a plain or ``(?:`` group that spans all of ``pattern``
+    (``(a)(b)`` is two groups, not one), else None."""
+    opening = "(?:" if pattern.startswith("(?:") else "("
+    if not (pattern.startswith("(") and pattern.endswith(")")) or (
+            pattern.startswith("(?") and opening == "("):
+        return None
+    inner = pattern[len(opening):-1]
+    return (opening, inner) if _balanced(inner) else None
 
 
 def _balanced(text: str) -> bool:
