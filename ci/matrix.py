@@ -41,7 +41,7 @@ if __package__ in (None, ""):  # run as a script: make ``ci`` importable
 
 from ci.lanes import REPO_ROOT, Lane, LaneError, load_lanes, probe_hardware
 
-__all__ = ["LaneResult", "install_lane", "main", "make_room", "parse_pytest_summary",
+__all__ = ["LaneResult", "failing_tests", "install_lane", "main", "make_room", "parse_pytest_summary",
            "remove_packages", "run_lane"]
 
 _STAMP = "portable-guided-lane.json"
@@ -58,6 +58,8 @@ class LaneResult:
     seconds: float = 0.0
     install_seconds: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
+    #: pytest's short summary lines of the tests that failed or errored (``FAILED ...``).
+    problems: list[str] = field(default_factory=list)
 
 
 def parse_pytest_summary(lines: Sequence[str]) -> dict[str, int]:
@@ -70,6 +72,14 @@ def parse_pytest_summary(lines: Sequence[str]) -> dict[str, int]:
             if counts or "no tests ran" in stripped:
                 return counts
     return {}
+
+
+def failing_tests(lines: Sequence[str], limit: int = 10) -> list[str]:
+    """pytest's short summary lines (``-ra``) of failed and errored tests, at most ``limit``,
+    each cut to 400 characters: the lane summary repeats them, since CI logs keep only the
+    tail of the output."""
+    found = [line.rstrip()[:400] for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    return found[:limit] + ([f"... and {len(found) - limit} more"] if len(found) > limit else [])
 
 
 def _venv_python(lane: Lane) -> Path:
@@ -98,7 +108,7 @@ def _stream(command: Sequence[str], *, env: dict[str, str], timeout_s: float) ->
 
     timer = threading.Timer(timeout_s, _kill)
     timer.start()
-    tail: collections.deque[str] = collections.deque(maxlen=60)
+    tail: collections.deque[str] = collections.deque(maxlen=200)  # room for the short summary
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -263,10 +273,12 @@ def run_lane(lane: Lane, *, reinstall: bool = False, install: bool = True,
     command = [str(_venv_python(lane)), "-m", "pytest", "-p", "no:cacheprovider",
                *(["-m", lane.markers] if lane.markers else []),
                *(["-k", lane.keywords] if lane.keywords else []), *lane.test_paths, *pytest_args]
-    status, tail, timed_out = _stream(command, env=_lane_env(lane),
-                                      timeout_s=lane.timeout_minutes * 60)
+    # Wide enough that pytest's short summary keeps each failure's message.
+    env = {**_lane_env(lane), "COLUMNS": "240"}
+    status, tail, timed_out = _stream(command, env=env, timeout_s=lane.timeout_minutes * 60)
     result = LaneResult(lane.name, "passed", seconds=time.monotonic() - start,
-                        install_seconds=installed - start, counts=parse_pytest_summary(tail))
+                        install_seconds=installed - start, counts=parse_pytest_summary(tail),
+                        problems=failing_tests(tail))
     if timed_out:
         result.status, result.reason = "failed", f"tests ran past {lane.timeout_minutes:g} min"
     elif status == 5:  # pytest: no test collected; a lane that tests nothing has failed
@@ -287,6 +299,8 @@ def _print_summary(results: Sequence[LaneResult]) -> None:
         detail = "; ".join(x for x in (counts, r.reason) if x)
         timing = f"{r.install_seconds:7.0f}s {r.seconds:7.0f}s" if r.status != "skipped" else " " * 17
         print(f"{r.lane:<10} {r.status:<8} {timing}  {detail}")
+        for line in r.problems:
+            print(f"    {line}")
     total = collections.Counter()
     for r in results:
         total.update(r.counts)

@@ -269,3 +269,32 @@ def test_lane_that_collects_no_test_fails_with_its_selection(tmp_path: Path) -> 
     assert result.status == "failed"
     assert result.reason.startswith(
         "no test was collected: -m 'no_such_marker' in tests/test_imports.py selects nothing")
+
+
+def test_lane_summary_names_the_failed_and_errored_tests(tmp_path: Path) -> None:
+    tests = tmp_path / "test_demo.py"
+    tests.write_text(
+        "import pytest\n\n"
+        "@pytest.fixture\n"
+        "def broken_teardown():\n"
+        "    yield\n"
+        "    raise RuntimeError('teardown broke')\n\n"
+        "def test_passes_then_errors(broken_teardown):\n"
+        "    pass\n\n"
+        "def test_fails():\n"
+        "    assert 1 == 2\n")
+    lane = replace(load_lane(_write_lane(tmp_path, name="pgtest-problems")), markers="",
+                   test_paths=(str(tests),))
+    python = lane.venv / "bin" / "python"  # a stand-in venv: this interpreter
+    python.parent.mkdir(parents=True, exist_ok=True)
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    try:
+        result = run_lane(lane, install=False, pytest_args=["-ra"])
+    finally:
+        shutil.rmtree(lane.venv, ignore_errors=True)
+    assert result.status == "failed"
+    assert result.counts == {"failed": 1, "passed": 1, "error": 1}
+    assert [(line.split()[0], line.split(" - ")[0].split("::")[-1]) for line in result.problems] == [
+        ("ERROR", "test_passes_then_errors"), ("FAILED", "test_fails")]
+    assert result.problems[0].endswith("RuntimeError: teardown broke")

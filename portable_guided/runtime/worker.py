@@ -268,18 +268,27 @@ class _KeepPrepared:
 class _Forked:
     """A worker forked by the fork server: not our child, so it is signalled through a pid
     file descriptor (never another process that reused its pid) and waited for by polling
-    that descriptor (readable once the process has exited)."""
+    that descriptor (readable once the process has exited).
+
+    Thread-safe: the pool's close and its reaper may wait for one worker at once. Waiters
+    take turns (one lock), and only a waiter closes the descriptor, once the exit is seen:
+    a second waiter must not select on a descriptor closed (or its number reused) meanwhile.
+    """
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.returncode: int | None = None
+        self._waiting = threading.Lock()
+        self._closing = threading.Lock()
         try:
             self._pidfd: int | None = os.pidfd_open(pid)
         except (AttributeError, OSError):  # no pidfd (old kernel), or it is gone already
             self._pidfd = None
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, OSError):
+        with self._closing, contextlib.suppress(ProcessLookupError, OSError):
+            if self.returncode is not None:
+                return
             if self._pidfd is not None:
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
             else:
@@ -287,17 +296,19 @@ class _Forked:
 
     def poll(self) -> int | None:
         """None while it runs; -9 once gone (its real status went to the fork server)."""
-        if self._pidfd is None:
+        if self.returncode is not None:
+            return self.returncode
+        pidfd = self._pidfd
+        if pidfd is None:
             try:
                 os.kill(self.pid, 0)
                 return None
             except OSError:
                 self.returncode = -signal.SIGKILL
                 return self.returncode
-        pidfd = self._pidfd
         try:
             gone = _readable(pidfd, 0)
-        except OSError:  # closed meanwhile by wait() (the reaper), which returns once it exited
+        except OSError:  # closed meanwhile by wait(), which sets the code before closing it
             gone = True
         if gone:
             self.returncode = -signal.SIGKILL
@@ -305,17 +316,24 @@ class _Forked:
 
     def wait(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
-            if self._pidfd is not None:
-                _readable(self._pidfd, max(0.0, deadline - time.monotonic()))
-            else:
-                time.sleep(0.01)
-        if self._pidfd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._pidfd)
-            self._pidfd = None
+        if not self._waiting.acquire(timeout=max(0.0, timeout)):
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+        try:
+            while self.poll() is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+                if self._pidfd is not None:
+                    _readable(self._pidfd, left)
+                else:
+                    time.sleep(min(0.01, left))
+            with self._closing:  # (kill() must not signal a number reused meanwhile)
+                if self._pidfd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(self._pidfd)
+                    self._pidfd = None
+        finally:
+            self._waiting.release()
         return -signal.SIGKILL
 
 

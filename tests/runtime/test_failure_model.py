@@ -578,3 +578,39 @@ def test_a_forked_workers_poll_survives_its_pidfd_closed_by_the_reaper():
         assert forked.poll() == -signal.SIGKILL
     finally:
         child.kill()
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfd_open (Linux 5.3)")
+def test_a_forked_worker_waited_for_by_two_threads_at_once():
+    """The pool's close and its reaper waited for one dying worker at once: the first to see
+    the exit closed the pid file descriptor while the other selected on it, which then sat
+    out its whole 10 s limit (TimeoutExpired) or failed with EBADF, and close() raised (a CI
+    run's teardown error). Before the fix 17 rounds of 20 failed."""
+    import subprocess
+    import threading
+
+    from portable_guided.runtime.worker import _Forked
+
+    errors: list[BaseException] = []
+    for _ in range(10):
+        child = subprocess.Popen(["sleep", "0.02"])
+        try:
+            forked = _Forked(child.pid)
+
+            def wait(forked=forked):
+                try:
+                    assert forked.wait(5) == -signal.SIGKILL
+                except BaseException as exc:  # noqa: BLE001 - asserted below
+                    errors.append(exc)
+
+            waiters = [threading.Thread(target=wait) for _ in range(3)]
+            for t in waiters:
+                t.start()
+            for t in waiters:
+                t.join(10)
+            forked.kill()  # after the exit: a no-op, never a signal to a reused descriptor
+        finally:
+            child.kill()
+            child.wait()
+        assert forked._pidfd is None and forked.poll() == -signal.SIGKILL
+    assert errors == []
