@@ -16,6 +16,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .cache import ByteLRUCache, DiskCache, FailureCache, GrammarCache
 from .cache_setup import open_cache, shared_failure_error
 from .deadlines import DeadlineWatch
@@ -128,11 +130,35 @@ class CompiledGrammar:
     #: get, to which a request running on this one moves at its next mask
     #: (``Request``, "hand-over").
     upgraded: CompiledGrammar | None = None
+    #: The mask of the grammar's start state (int32 words, read-only): every request's
+    #: first mask, and a request's mask again once it rolled back to the start. Computed
+    #: with the compile, in the thread that compiled (off the decode loop: a serving engine
+    #: runs the prefill meanwhile), so a request's first fill is a copy; None where the
+    #: engine failed on it or it allows no token (the request's own fill reports that).
+    first_mask: np.ndarray | None = None
 
     @property
     def engine_name(self) -> str:
         """Name of the engine (``xgrammar`` or ``llguidance``)."""
         return self.engine.name
+
+    def compute_first_mask(self, words: int) -> None:
+        """Fill :attr:`first_mask` (rows of ``words`` int32 words) with a new matcher's
+        first mask; also counted in :attr:`nbytes` (set before the grammar is cached)."""
+        row = np.zeros((1, words), dtype=np.int32)
+        try:
+            matcher = self.engine.new_matcher(self.grammar)
+            matcher.fill(row, 0)
+            broken = matcher.error() is not None
+        except Exception:  # the request's own fill meets it and reports it
+            log.debug("first mask of a %s grammar failed", self.engine_name, exc_info=True)
+            return
+        if broken or not np.count_nonzero(row):
+            return
+        mask = row[0]
+        mask.flags.writeable = False
+        self.nbytes += mask.nbytes
+        self.first_mask = mask
 
 
 class CompileService:
@@ -404,6 +430,7 @@ class CompileService:
                        else _recompile(engine, spec, text))
             compiled = CompiledGrammar(engine, grammar, engine.nbytes(grammar), "upgrade",
                                        time.perf_counter() - t0)
+            compiled.compute_first_mask(self.info.bitmask_words)
         except GrammarTimeout as exc:
             if exc.started:
                 self._upgrade_failed(key, spec, exc)
@@ -481,6 +508,8 @@ class CompileService:
                 result: CompiledGrammar | None, errors: list[GrammarCompileError]) -> None:
         """Cache and deliver the outcome of a compile (every engine tried); start its
         engine upgrade."""
+        if result is not None and result.first_mask is None:
+            result.compute_first_mask(self.info.bitmask_words)
         with self._inflight_lock:
             if self._inflight.get(key) is fut:
                 del self._inflight[key]

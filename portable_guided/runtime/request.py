@@ -153,6 +153,7 @@ class Request:
         # The grammar's tokens so far, for a hand-over to an upgraded grammar (None: none
         # will be tried).
         self._grammar_ids: list[int] | None = None
+        self._grammar_tokens = 0  # accepted by the matcher (0: at the grammar's start)
         self._thinking = reasoning is not None
         self._think_log: list[int] = []
         self._think_progress = 0
@@ -416,6 +417,7 @@ class Request:
                 self._engine_failed(problem)
             return False
         self._log.append(_GRAMMAR)
+        self._grammar_tokens += 1
         ids = self._grammar_ids
         if ids is not None:
             if len(ids) < HANDOVER_MAX_TOKENS:
@@ -459,6 +461,7 @@ class Request:
         if grammar_n:
             matcher = self._active_matcher()
             matcher.rollback(grammar_n)
+            self._grammar_tokens -= grammar_n
             if self._grammar_ids is not None:
                 del self._grammar_ids[len(self._grammar_ids) - grammar_n:]
             if self._state == TERMINATED and not matcher.is_terminated():
@@ -536,8 +539,10 @@ class Request:
 
         Returns the matcher that fills the row, or None when the row needs no engine: a
         failed or terminated request's row is written here (stop tokens only), as is a
-        thinking request's (everything but the stop tokens, or the forced think-end token);
-        a pending request's row is left untouched.
+        thinking request's (everything but the stop tokens, or the forced think-end token),
+        as is the row of a request at the grammar's start (no grammar token accepted, or
+        all rolled back: ``CompiledGrammar.first_mask``, computed with the compile); a
+        pending request's row is left untouched.
 
         Hand-over: once the spec's engine upgrade has compiled (``engine_upgrade``), a
         request that has accepted at most :data:`HANDOVER_MAX_TOKENS` grammar tokens moves
@@ -548,6 +553,11 @@ class Request:
         if self._state is ACTIVE and not self._thinking and not self._forced_stop:
             if self._grammar_ids is not None and self._compiled.upgraded is not None:
                 self._hand_over()
+            if not self._grammar_tokens:
+                first = self._compiled.first_mask
+                if first is not None:  # the start state's mask, computed with the compile
+                    self._rows.write(bitmask, row, first)
+                    return None
             return self._matcher
         self._fill_special(bitmask, row)
         return None

@@ -18,10 +18,12 @@ PREFIXES = ['{"a": 1', "abcd", "ri", '["x", "']
 
 
 def _requests(rt, n):
+    """``n`` requests past their first token, so that the engine fills each row (a request
+    at its grammar's start gets a copy of the compile's first mask: test_first_mask.py)."""
     reqs = []
     for i in range(n):
         req = rt.new_request(SPECS[i % 4]).wait(60)
-        req.accept_tokens(rt.info.encode(PREFIXES[i % 4])[: i % 3])
+        req.accept_tokens(rt.info.encode(PREFIXES[i % 4])[: 1 + i % 3])
         reqs.append(req)
     return reqs
 
