@@ -24,7 +24,9 @@ upgraded grammar at its next mask: docs/latency.md); without it they come back t
 which no server does. ``--pace-ms MS`` sleeps after every first-request token in every mode,
 raw ones included: the same decode step for all (a mask after an idle wait of 10 ms costs
 several times one right after another here, for raw xgrammar too), and the fair comparison
-of first-request masks.
+of first-request masks. ``--interleave`` has the modes take turns schema by schema (each
+schema's mode order random), so that a slow spell of this shared machine, which can move a
+mode's p99 by half between two runs, falls on every mode alike.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from portable_guided.harness.maskbench import (
+    ModeRun,
     load_records,
     mask_engines,
     run_mode,
@@ -78,6 +81,10 @@ def main() -> None:
     ap.add_argument("--upgrade-limit-s", type=float, default=None,
                     help="the engine upgrade's compile limit (default: the runtime's "
                     "UPGRADE_LIMIT_S)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="the modes take turns schema by schema (in a random order each "
+                    "time), all alive at once, instead of one mode over a whole file then "
+                    "the next: a slow spell of a shared machine falls on every mode alike")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -97,10 +104,11 @@ def main() -> None:
         records = load_records([path], limit=args.skip + args.limit)[args.skip:]
         order = modes[:]
         rng.shuffle(order)
-        for mode in order:
-            result = run_mode(mode, records, info, timeout_s=args.timeout,
-                              warm_wait_s=args.warm_wait, step_s=args.step_ms / 1e3,
-                              pace_s=args.pace_ms / 1e3)
+        options = {"timeout_s": args.timeout, "warm_wait_s": args.warm_wait,
+                   "step_s": args.step_ms / 1e3, "pace_s": args.pace_ms / 1e3}
+        results = (_interleaved(modes, records, info, rng, options) if args.interleave
+                   else {mode: run_mode(mode, records, info, **options) for mode in order})
+        for mode, result in results.items():
             for row in result["per_schema"]:
                 row["file"] = Path(path).stem
             per_mode[mode].extend(result["per_schema"])
@@ -118,6 +126,24 @@ def main() -> None:
                              "summary": summaries, "per_schema": per_mode})
     for mode, s in summaries.items():
         print(mode, json.dumps(s))
+
+
+def _interleaved(modes: list[str], records: list[dict[str, Any]], info: Any,
+                 rng: random.Random, options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each mode's ``run_mode`` result, the modes taking turns schema by schema."""
+    runs: dict[str, ModeRun] = {}
+    try:
+        for mode in modes:
+            runs[mode] = ModeRun(mode, info, **options)
+        for rec in records:
+            order = modes[:]
+            rng.shuffle(order)
+            for mode in order:
+                runs[mode].add(rec)
+    finally:
+        for run in runs.values():
+            run.close()
+    return {mode: run.result() for mode, run in runs.items()}
 
 
 def _summary(rows: list[dict[str, Any]], mask_times: list[float], warm_times: list[float],

@@ -35,7 +35,7 @@ from ..runtime.specs import GrammarSpec
 from ..runtime.tokenizer_info import TokenizerInfo
 from ..runtime.worker import WorkerPool
 
-__all__ = ["MODES", "load_records", "run_mode", "summarize", "summary_table", "write_results"]
+__all__ = ["MODES", "ModeRun", "load_records", "run_mode", "summarize", "summary_table", "write_results"]
 
 MODES = ("runtime:xgrammar", "runtime:llguidance", "runtime:auto", "raw:xgrammar",
          "raw:llguidance", "race:auto")
@@ -200,7 +200,24 @@ def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, 
              warm_wait_s: float | None = None, step_s: float = 0.0,
              pace_s: float = 0.0) -> dict[str, Any]:
     """Run one mode over ``records``; returns ``{"summary": ..., "per_schema": [...],
-    "mask_times": [...]}``.
+    "mask_times": [...]}`` (:class:`ModeRun`, whose arguments these are). ``progress``:
+    called with each schema's row."""
+    run = ModeRun(mode, info, timeout_s=timeout_s, warm_wait_s=warm_wait_s, step_s=step_s,
+                  pace_s=pace_s)
+    try:
+        for rec in records:
+            row = run.add(rec)
+            if progress is not None:
+                progress(row)
+    finally:
+        run.close()
+    return run.result()
+
+
+class ModeRun:
+    """One mode's MaskBench run, fed one schema at a time (:meth:`add`), so that a benchmark
+    can interleave modes schema by schema: then a slow spell of a shared machine falls on
+    every mode alike, not on whichever mode ran a file during it.
 
     ``warm_wait_s``: runtimes with engine upgrades on (``CompileService(upgrade=True)``),
     and after a schema's tests its valid instances walked once more as later requests of
@@ -209,87 +226,103 @@ def run_mode(mode: str, records: Iterable[dict[str, Any]], info: TokenizerInfo, 
     the upgrade to settle; raw modes walk their own grammar again. Without it, upgrades are
     off: every instance of an ``auto`` spec is decided by the engine ``auto`` chose.
     ``step_s``, ``pace_s``: the first requests' decode step (``_Walker.walk``)."""
-    walker = _Walker(mode, info, timeout_s, upgrade=warm_wait_s is not None)
-    per_schema: list[dict[str, Any]] = []
-    compile_times: list[float] = []
-    mask_times: list[float] = []
-    served_by: list[str] = []  # the engine of each first-request mask
-    warm_times: list[float] = []
-    bm = np.full((1, info.bitmask_words), -1, dtype=np.int32)
-    try:
+
+    def __init__(self, mode: str, info: TokenizerInfo, *, timeout_s: float = 30.0,
+                 warm_wait_s: float | None = None, step_s: float = 0.0,
+                 pace_s: float = 0.0) -> None:
+        self.mode, self.info = mode, info
+        self.warm_wait_s, self.step_s, self.pace_s = warm_wait_s, step_s, pace_s
+        self.per_schema: list[dict[str, Any]] = []
+        self.compile_times: list[float] = []
+        self.mask_times: list[float] = []
+        self.served_by: list[str] = []  # the engine of each first-request mask
+        self.warm_times: list[float] = []
+        self._bm = np.full((1, info.bitmask_words), -1, dtype=np.int32)
+        self._walker = _Walker(mode, info, timeout_s, upgrade=warm_wait_s is not None)
         # Warm up: the first compile waits for the worker process to start.
         try:
-            walker.compile(GrammarSpec.json_schema({"type": "integer"}))
+            self._walker.compile(GrammarSpec.json_schema({"type": "integer"}))
         except GrammarCompileError:
             pass
-        for rec in records:
-            row: dict[str, Any] = {"id": rec.get("id"), "status": "ok", "tests": 0,
-                                   "tests_ok": 0, "valid_ok": 0, "invalid_ok": 0}
-            per_schema.append(row)
-            try:
-                # Raw modes take the schema as the library would: no checks of ours.
-                spec = GrammarSpec.json_schema(rec["schema"], validate=walker.kind != "raw")
-                compiled, seconds = walker.compile(spec)
-            except GrammarTimeout as exc:
-                row.update(status="timeout", error=str(exc)[:200])
-                continue
-            except GrammarEmptyLanguage as exc:
-                # Refused as accepting no value: every instance is rejected.
-                invalid = sum(not t["valid"] for t in rec.get("tests", []))
-                row.update(status="empty", error=str(exc)[:200],
-                           tests=len(rec.get("tests", [])), tests_ok=invalid,
-                           invalid_ok=invalid)
-                continue
-            except (GrammarCompileError, GrammarSpecError) as exc:
-                row.update(status="compile_error", error=str(exc)[:200])
-                continue
-            compile_times.append(seconds)
-            row["compile_ms"] = round(seconds * 1e3, 3)
-            first_mask = len(mask_times)
+        except BaseException:
+            self._walker.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the mode's runtime or worker."""
+        self._walker.close()
+
+    def result(self) -> dict[str, Any]:
+        """``{"summary", "served_by", "per_schema", "mask_times", "warm_mask_times"}``."""
+        summary = summarize(self.per_schema, self.compile_times, self.mask_times, records=None)
+        summary["mask_engines"] = mask_engines(self.mask_times, self.served_by)
+        return {"summary": summary, "served_by": self.served_by,
+                "per_schema": self.per_schema, "mask_times": self.mask_times,
+                "warm_mask_times": self.warm_times}
+
+    def add(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """Compile ``rec``'s schema and walk its tests; returns the schema's row."""
+        walker, info, bm = self._walker, self.info, self._bm
+        mask_times, served_by = self.mask_times, self.served_by
+        row: dict[str, Any] = {"id": rec.get("id"), "status": "ok", "tests": 0,
+                               "tests_ok": 0, "valid_ok": 0, "invalid_ok": 0}
+        self.per_schema.append(row)
+        try:
+            # Raw modes take the schema as the library would: no checks of ours.
+            spec = GrammarSpec.json_schema(rec["schema"], validate=walker.kind != "raw")
+            compiled, seconds = walker.compile(spec)
+        except GrammarTimeout as exc:
+            row.update(status="timeout", error=str(exc)[:200])
+            return row
+        except GrammarEmptyLanguage as exc:
+            # Refused as accepting no value: every instance is rejected.
+            invalid = sum(not t["valid"] for t in rec.get("tests", []))
+            row.update(status="empty", error=str(exc)[:200],
+                       tests=len(rec.get("tests", [])), tests_ok=invalid,
+                       invalid_ok=invalid)
+            return row
+        except (GrammarCompileError, GrammarSpecError) as exc:
+            row.update(status="compile_error", error=str(exc)[:200])
+            return row
+        self.compile_times.append(seconds)
+        row["compile_ms"] = round(seconds * 1e3, 3)
+        first_mask = len(mask_times)
+        for test in rec.get("tests", []):
+            text = json.dumps(test["data"], indent=None, ensure_ascii=False)
+            ids = info.encode(text)
+            accepted = walker.walk(spec, compiled, ids, bm, mask_times, self.step_s,
+                                   served_by, self.pace_s)
+            ok = accepted == bool(test["valid"])
+            row["tests"] += 1
+            row["tests_ok"] += ok
+            if test["valid"]:
+                row["valid_ok"] += ok
+            else:
+                row["invalid_ok"] += ok
+            row["tokens"] = row.get("tokens", 0) + len(ids) + 1
+        # Which schemas and engines make the first requests' tail.
+        mine = mask_times[first_mask:]
+        if mine:
+            row["mask_us_max"] = round(max(mine) * 1e6, 1)
+            slow = Counter(e for t, e in zip(mine, served_by[first_mask:]) if t > 200e-6)
+            row["masks_over_200us"] = dict(slow)
+        if self.warm_wait_s is not None:
+            row["warm_engine"] = walker.settle(spec, self.warm_wait_s)
+            row["warm_valid_rejected"] = 0
+            first = len(self.warm_times)
             for test in rec.get("tests", []):
-                text = json.dumps(test["data"], indent=None, ensure_ascii=False)
-                ids = info.encode(text)
-                accepted = walker.walk(spec, compiled, ids, bm, mask_times, step_s, served_by,
-                                       pace_s)
-                ok = accepted == bool(test["valid"])
-                row["tests"] += 1
-                row["tests_ok"] += ok
                 if test["valid"]:
-                    row["valid_ok"] += ok
-                else:
-                    row["invalid_ok"] += ok
-                row["tokens"] = row.get("tokens", 0) + len(ids) + 1
-            # Which schemas and engines make the first requests' tail.
-            mine = mask_times[first_mask:]
+                    ids = info.encode(json.dumps(test["data"], indent=None,
+                                                 ensure_ascii=False))
+                    row["warm_valid_rejected"] += not walker.walk(spec, compiled, ids, bm,
+                                                                  self.warm_times)
+            # Which schemas make the tail: their slowest warm mask, and how many
+            # took over 100 us.
+            mine = self.warm_times[first:]
             if mine:
-                row["mask_us_max"] = round(max(mine) * 1e6, 1)
-                slow = Counter(e for t, e in zip(mine, served_by[first_mask:]) if t > 200e-6)
-                row["masks_over_200us"] = dict(slow)
-            if warm_wait_s is not None:
-                row["warm_engine"] = walker.settle(spec, warm_wait_s)
-                row["warm_valid_rejected"] = 0
-                first = len(warm_times)
-                for test in rec.get("tests", []):
-                    if test["valid"]:
-                        ids = info.encode(json.dumps(test["data"], indent=None,
-                                                     ensure_ascii=False))
-                        row["warm_valid_rejected"] += not walker.walk(spec, compiled, ids, bm,
-                                                                      warm_times)
-                # Which schemas make the tail: their slowest warm mask, and how many
-                # took over 100 us.
-                mine = warm_times[first:]
-                if mine:
-                    row["warm_mask_us_max"] = round(max(mine) * 1e6, 1)
-                    row["warm_masks_over_100us"] = sum(t > 100e-6 for t in mine)
-            if progress is not None:
-                progress(row)
-    finally:
-        walker.close()
-    summary = summarize(per_schema, compile_times, mask_times, records=None)
-    summary["mask_engines"] = mask_engines(mask_times, served_by)
-    return {"summary": summary, "served_by": served_by,
-            "per_schema": per_schema, "mask_times": mask_times,
-            "warm_mask_times": warm_times}
+                row["warm_mask_us_max"] = round(max(mine) * 1e6, 1)
+                row["warm_masks_over_100us"] = sum(t > 100e-6 for t in mine)
+        return row
 
 
 def mask_engines(mask_times: Sequence[float], served_by: Sequence[str]) -> dict[str, Any]:

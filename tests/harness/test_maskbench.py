@@ -56,6 +56,43 @@ def test_raw_modes_call_the_libraries_on_the_users_schema():
     assert ok["runtime:auto"] == ok["race:auto"] == [(1, 0), (1, 1)]
 
 
+def test_modes_taking_turns_decide_as_modes_run_alone():
+    """``ModeRun`` fed schema by schema, two modes alive and alternating (the benchmark's
+    ``--interleave``), decides every instance as ``run_mode`` does and fills as many masks:
+    only when each mask is timed changes."""
+    from portable_guided.harness.maskbench import ModeRun, run_mode
+    from portable_guided.runtime import load_tokenizer_info
+
+    info = load_tokenizer_info("smollm2")
+    records = [
+        {"id": "open", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}},
+         "tests": [{"valid": True, "data": {"a": 1, "b": 2}}]},
+        {"id": "int", "schema": {"type": "integer", "minimum": 3},
+         "tests": [{"valid": True, "data": 7}, {"valid": False, "data": 1}]},
+        {"id": "bad", "schema": {"type": "nonsense"}, "tests": [{"valid": True, "data": 1}]},
+    ]
+    modes = ("raw:xgrammar", "runtime:auto")
+    runs = {mode: ModeRun(mode, info, timeout_s=20) for mode in modes}
+    try:
+        for rec in records:
+            for mode in modes[::1 if rec["id"] != "int" else -1]:
+                runs[mode].add(rec)
+    finally:
+        for run in runs.values():
+            run.close()
+    keys = ("id", "status", "tests", "tests_ok", "valid_ok", "invalid_ok", "tokens")
+    for mode in modes:
+        alone = run_mode(mode, records, info, timeout_s=20)
+        taking_turns = runs[mode].result()
+        assert ([{k: r.get(k) for k in keys} for r in taking_turns["per_schema"]]
+                == [{k: r.get(k) for k in keys} for r in alone["per_schema"]]), mode
+        assert len(taking_turns["mask_times"]) == len(alone["mask_times"]) > 0
+        assert taking_turns["summary"]["passing"] == alone["summary"]["passing"]
+    assert [r["valid_ok"] for r in runs["raw:xgrammar"].per_schema][:2] == [0, 1]  # strict
+    assert [r["status"] for r in runs["runtime:auto"].per_schema] == ["ok", "ok",
+                                                                      "compile_error"]
+
+
 def test_warm_pass_records_each_schemas_slowest_masks():
     """With a warm pass, each schema's row says which engine served it then, its slowest
     warm mask and how many took over 100 us (what makes the tail)."""
