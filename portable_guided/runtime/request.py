@@ -136,7 +136,8 @@ class Request:
         self._lock = threading.Lock()
         # The bitmask :meth:`fill` checked last: (it, rows, shape, NumPy view, a tensor's
         # data pointer or None).
-        self._seen_bitmask: tuple[Any, int, Any, Any, int | None] = (None, 0, None, None, None)
+        self._seen_bitmask: tuple[Any, int, Any, Any, int | None, Any] = (
+            None, 0, None, None, None, None)
         self.on_error = on_error
         self.reasoning = reasoning
         self.stop_token_ids: tuple[int, ...] = context.rows.stop_token_ids
@@ -482,12 +483,15 @@ class Request:
         if (bitmask is seen[0] and type(row) is int and 0 <= row < seen[1]
                 and bitmask.shape == seen[2]
                 and (seen[4] is None or bitmask.data_ptr() == seen[4])):
-            arr = seen[3]
+            arr, words = seen[3], seen[5]
         else:
             self._check_row(bitmask, row)
             arr = as_numpy_bitmask(bitmask, self._rows.words)
+            # (its words as a memoryview: reading one is a shorter path than NumPy's)
+            words = memoryview(arr).cast("B").cast("i", arr.shape)
             self._seen_bitmask = (bitmask, arr.shape[0], bitmask.shape, arr,
-                                  None if type(bitmask) is np.ndarray else bitmask.data_ptr())
+                                  None if type(bitmask) is np.ndarray else bitmask.data_ptr(),
+                                  words)
         with self._lock:
             matcher = self.fill_target(bitmask, row)
             if matcher is None:
@@ -495,7 +499,7 @@ class Request:
             matcher.fill(bitmask, row)
             # (a byte-level BPE vocabulary puts `!"#$%...` in the first word, which a JSON
             # mask allows at most steps: one read instead of a pass over the row)
-            if not ((arr[row, 0] or np.count_nonzero(arr[row])) and matcher.error() is None):
+            if not ((words[row, 0] or np.count_nonzero(arr[row])) and matcher.error() is None):
                 self.check_filled(bitmask, row)
 
     def _check_row(self, bitmask: Any, row: Any, count: int = 1) -> None:
