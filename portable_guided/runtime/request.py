@@ -135,7 +135,7 @@ class Request:
         self._executor = context.executor
         self._lock = threading.Lock()
         # The bitmask :meth:`fill` checked last: (it, rows, shape, NumPy view, a tensor's
-        # data pointer or None).
+        # data pointer or None, a memoryview of its words).
         self._seen_bitmask: tuple[Any, int, Any, Any, int | None, Any] = (
             None, 0, None, None, None, None)
         self.on_error = on_error
