@@ -488,7 +488,7 @@ class Request:
             self._check_row(bitmask, row)
             arr = as_numpy_bitmask(bitmask, self._rows.words)
             # (its words as a memoryview: reading one is a shorter path than NumPy's)
-            words = memoryview(arr).cast("B").cast("i", arr.shape)
+            words = arr.data.cast("B").cast("i", arr.shape)
             self._seen_bitmask = (bitmask, arr.shape[0], bitmask.shape, arr,
                                   None if type(bitmask) is np.ndarray else bitmask.data_ptr(),
                                   words)
