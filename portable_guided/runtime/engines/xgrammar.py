@@ -29,6 +29,7 @@ from .base import (
     foreign_matcher,
     package_version,
 )
+from .xgrammar_free_names import share_free_name_tails
 from .xgrammar_surrogates import ANY_DOT, exclude_regex_surrogates, exclude_surrogates
 
 if TYPE_CHECKING:
@@ -238,9 +239,10 @@ class XGrammarEngine(Engine):
         marked = exact_placeholders(text, exact)
         grammar = self._xgr.Grammar.from_json_schema(marked, any_whitespace=any_whitespace,
                                                      strict_mode=False)
+        ebnf = share_free_name_tails(str(grammar))
         if not exact and not _native_lengths(text):
-            return self._compile_text(str(grammar))
-        return self._compile_corrected(grammar, exact)
+            return self._compile_text(ebnf)
+        return self._compile_corrected(ebnf, exact)
 
     def _compile_text(self, ebnf: str) -> Any:
         # Every grammar is compiled from its text, with no UTF-16 surrogate in any negated
@@ -249,13 +251,13 @@ class XGrammarEngine(Engine):
         return self._compiler.compile_grammar(self._xgr.Grammar.from_ebnf(
             exclude_surrogates(ebnf)))
 
-    def _compile_corrected(self, grammar: Any, exact: dict[str, str]) -> Any:
+    def _compile_corrected(self, ebnf: str, exact: dict[str, str]) -> Any:
         # xgrammar's grammar text, corrected where its rules are narrower or wider than the
         # schema: number ranges (at most 6 fraction digits there) and short minLength
         # strings (no escapes there) become our exact rules (xgrammar_exact), and the
         # character rule of other length bounds (a pattern up to 128 by now), which lets
         # raw control characters in, is fixed.
-        return self._compile_text(substitute_exact(json_char_rule_fixed(str(grammar)), exact))
+        return self._compile_text(substitute_exact(json_char_rule_fixed(ebnf), exact))
 
     def _compile_structural_tag(self, data: dict[str, Any]) -> Any:
         """Each tag's schema goes through :meth:`prepare` as a ``json_schema`` spec's does
@@ -275,11 +277,11 @@ class XGrammarEngine(Engine):
             # (xgrammar compiles a tag's schema in strict mode: its defaults written out)
             tags.append({**tag, "schema": xgrammar_open_schema(json.loads(text))})
         structural = xgrammar_structural_tag({"tags": tags, "triggers": data["triggers"]})
+        ebnf = share_free_name_tails(str(self._xgr.Grammar.from_structural_tag(
+            json.dumps(structural))))
         if not lengths and not exact:
-            return self._compile_text(str(self._xgr.Grammar.from_structural_tag(
-                json.dumps(structural))))
-        return self._compile_corrected(self._xgr.Grammar.from_structural_tag(
-            json.dumps(structural)), exact)
+            return self._compile_text(ebnf)
+        return self._compile_corrected(ebnf, exact)
 
     def compile_raw(self, spec: GrammarSpec) -> Any:
         if spec.kind != "json_schema":

@@ -1,0 +1,157 @@
+"""Open objects with the ways out of declared names shared (engines/xgrammar_free_names.py):
+every token mask equals that of xgrammar's own grammar for the schema (the reference),
+along valid instances and random walks, and the rewrite covers every state xgrammar writes."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from portable_guided.runtime import GrammarSpec, load_tokenizer_info
+from portable_guided.runtime.engines import create_engine
+from portable_guided.runtime.engines.xgrammar_free_names import share_free_name_tails
+from portable_guided.runtime.engines.xgrammar_surrogates import exclude_surrogates
+
+xgr = pytest.importorskip("xgrammar")
+
+#: Open objects: names that are prefixes of one another, characters a class escapes (names
+#: that JSON escapes xgrammar refuses), non-ASCII, the empty name, nesting, and an open
+#: object under a $ref.
+SCHEMAS = [
+    {"type": "object", "properties": {"a": {"type": "integer"}, "ab": {"type": "string"},
+                                      "abc": {"type": "boolean"}, "b": {"type": "null"}},
+     "required": ["a"]},
+    {"type": "object", "properties": {"a]b": {"type": "integer"}, "x-y": {"type": "integer"},
+                                      "a b": {"type": "integer"}, "[": {"type": "integer"},
+                                      "^c": {"type": "integer"}, "": {"type": "integer"}}},
+    {"type": "object", "properties": {"名前": {"type": "string"}, "éte": {"type": "integer"},
+                                      "name": {"type": "string"}}},
+    {"type": "object", "properties": {
+        "dimensions": {"type": "object", "properties": {"height": {"type": "integer"},
+                                                        "width": {"type": "integer"}}},
+        "shape": {"type": "string"}}, "required": ["shape", "dimensions"]},
+    {"type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/p"}}},
+     "$defs": {"p": {"type": "object", "properties": {"id": {"type": "integer"},
+                                                      "idx": {"type": "string"}}}}},
+]
+
+#: One valid instance of each: declared names in xgrammar's order, then free ones.
+INSTANCES = [
+    {"a": 1, "ab": "x", "abc": True, "b": None, "abcd": [1, {"a": 2}], "": 0, "A": "z"},
+    {"a]b": 1, "x-y": 2, "a b": 3, "[": 4, "^c": 5, "": 6, "a]": "free", "^": None},
+    {"名前": "x", "éte": 1, "name": "n", "名": 3, "é": "e", "nam": False},
+    {"dimensions": {"height": 1, "width": 2, "w": 3, "heigh": {}}, "shape": "circle", "sh": 1},
+    {"items": [{"id": 1, "idx": "a", "i": 2, "idxx": 3}, {}], "item": 0},
+]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return create_engine("xgrammar", load_tokenizer_info("smollm2"))
+
+
+def reference(engine, schema, any_whitespace):
+    """xgrammar's own grammar for the schema, as the engine compiled it before the rewrite."""
+    text, _ = engine.prepare(GrammarSpec.json_schema(schema, any_whitespace=any_whitespace))
+    grammar = xgr.Grammar.from_json_schema(text, any_whitespace=any_whitespace,
+                                           strict_mode=False)
+    return engine._compiler.compile_grammar(xgr.Grammar.from_ebnf(
+        exclude_surrogates(str(grammar))))
+
+
+def masks_agree(ours, theirs, tokens, rng, random_steps):
+    """Walk ``tokens`` then ``random_steps`` tokens drawn from the allowed ones, comparing
+    the two grammars' masks at every step; the number of steps compared."""
+    a, b = xgr.GrammarMatcher(ours), xgr.GrammarMatcher(theirs)
+    vocab = ours.tokenizer_info.vocab_size
+    mask_a = xgr.allocate_token_bitmask(1, vocab)
+    mask_b = mask_a.clone()
+    steps = 0
+    todo = list(tokens)
+    while not a.is_terminated():
+        a.fill_next_token_bitmask(mask_a)
+        b.fill_next_token_bitmask(mask_b)
+        assert np.array_equal(mask_a.numpy(), mask_b.numpy()), f"masks differ at step {steps}"
+        steps += 1
+        if todo:
+            token = todo.pop(0)
+        elif random_steps > 0:
+            random_steps -= 1
+            bits = np.unpackbits(mask_a.numpy().view(np.uint8), bitorder="little")
+            token = int(rng.choice(np.flatnonzero(bits[:vocab])))
+        else:
+            break
+        assert a.accept_token(token) and b.accept_token(token), f"token {token} refused"
+    return steps
+
+
+@pytest.mark.parametrize("any_whitespace", [True, False], ids=["any-ws", "compact"])
+@pytest.mark.parametrize("case", range(len(SCHEMAS)))
+def test_masks_equal_xgrammars_own_grammar(engine, case, any_whitespace):
+    schema, instance = SCHEMAS[case], INSTANCES[case]
+    ours = engine.compile(GrammarSpec.json_schema(schema, any_whitespace=any_whitespace))
+    theirs = reference(engine, schema, any_whitespace)
+    info = load_tokenizer_info("smollm2")
+    text = json.dumps(instance, ensure_ascii=False)  # xgrammar's compact layout too
+    rng = np.random.default_rng(case)
+    steps = masks_agree(ours, theirs, info.encode(text), rng, random_steps=0)
+    assert steps > len(text) // 8  # the instance was walked, not refused at once
+    for _ in range(4):  # random walks: free names, declared names, values
+        masks_agree(ours, theirs, [], rng, random_steps=40)
+
+
+# A way out of a declared name as xgrammar writes it, and a state of a free name's trie.
+WAY_OUT = re.compile(r'\(\[\^\\0-\\x1f\\"\\\\\\r\\n(?:\\.|[^\]\\])*\] basic_string_sub\)')
+
+
+@pytest.mark.parametrize("case", range(len(SCHEMAS)))
+def test_every_state_of_xgrammars_trie_is_rewritten(engine, case):
+    """Fails if xgrammar writes its free names another way (the speed-up would be lost)."""
+    text, _ = engine.prepare(GrammarSpec.json_schema(SCHEMAS[case]))
+    before = str(xgr.Grammar.from_json_schema(text, any_whitespace=True, strict_mode=False))
+    after = share_free_name_tails(before)
+    states = [line for line in before.splitlines()
+              if re.match(r"\w+_addl_key_\d+ ::= ", line) and WAY_OUT.search(line)]
+    assert states, "xgrammar wrote no free-name trie for an open object"
+    rewritten = {line.partition(" ::= ")[0]: line for line in after.splitlines()}
+    for line in states:
+        assert not WAY_OUT.search(rewritten[line.partition(" ::= ")[0]]), line
+    shared = [line for line in after.splitlines() if line.startswith("pg_free_name_")]
+    ways_out = {m.group(0) for line in states for m in WAY_OUT.finditer(line)}
+    assert len(shared) == len(ways_out) < len(states) + 1
+    assert all(line.endswith(r"(=([ \n\r\t]* [,}\]:]))") for line in shared)
+
+
+def test_text_without_a_trie_is_unchanged():
+    text = ('basic_string_sub ::= (("\\"") | ([^\\0-\\x1f\\"\\\\\\r\\n] basic_string_sub) | '
+            '("\\\\" basic_escape basic_string_sub))\nroot ::= (("{" "}"))\n')
+    assert share_free_name_tails(text) == text
+
+
+def test_a_rule_name_taken_is_not_reused():
+    text = ('root_addl_key ::= (("\\"" root_addl_key_1))\n'
+            'root_addl_key_1 ::= (([^\\0-\\x1f\\"\\\\\\r\\n] basic_string_sub) | '
+            '("\\\\" basic_escape basic_string_sub))\npg_free_name_0 ::= (("x"))')
+    out = share_free_name_tails(text)
+    assert "root_addl_key_1 ::= (pg_pg_free_name_0)" in out
+    assert "pg_free_name_0 ::= ((\"x\"))" in out
+
+
+def test_a_tool_calls_open_object_masks_equal_xgrammars_own(engine, monkeypatch):
+    from portable_guided.runtime.engines import xgrammar as module
+
+    spec = GrammarSpec.structural_tag(
+        [{"begin": "<function=f>", "schema": SCHEMAS[3], "end": "</function>"}], ["<function="])
+    ours = engine.compile(spec)
+    monkeypatch.setattr(module, "share_free_name_tails", lambda text: text)
+    engine._compiler.clear_cache()
+    theirs = engine.compile(spec)
+    assert "pg_free_name_0 ::=" in str(ours.grammar)
+    assert "pg_free_name_0 ::=" not in str(theirs.grammar)
+    text = "Calling: <function=f>" + json.dumps(INSTANCES[3]) + "</function>"
+    rng = np.random.default_rng(7)
+    assert masks_agree(ours, theirs, load_tokenizer_info("smollm2").encode(text), rng,
+                       random_steps=40) > 20
