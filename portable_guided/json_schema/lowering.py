@@ -202,13 +202,19 @@ def _definitions(node: Mapping[str, Any], root: Mapping[str, Any]) -> bool:
 #: ``patternProperties`` names that every property name matches (ECMA-262 searches: each
 #: matches the empty string at the start). Not ``^.*$``: ``.`` stops at a line break.
 _EVERY_NAME = frozenset(("", ".*", "^", "^.*"))
+#: ``patternProperties`` names that every property name matches but those that are empty or
+#: hold a line break (the only names ``.`` cannot match); a sound subset reads them as
+#: every name where other names are allowed anyway (:meth:`_Lowerer._names_all_matched`).
+_ALMOST_EVERY_NAME = frozenset((".", ".+", "(.)+", "(.+)", "^.", "^.+", "^(.)+", "^(.+)",
+                                "^.*$", "^(.*)$", "^.+$", "^(.+)$", "^(.)+$"))
 
 
 def _no_name_for_all(node: Mapping[str, Any], root: Mapping[str, Any]) -> bool:
     """``patternProperties`` none of whose names matches every property name: looked at
     as it is (the others: :meth:`_Lowerer._names_all_matched`)."""
     names = node["patternProperties"]
-    return not (isinstance(names, Mapping) and _EVERY_NAME.intersection(names))
+    return not (isinstance(names, Mapping) and (
+        _EVERY_NAME.intersection(names) or _ALMOST_EVERY_NAME.intersection(names)))
 
 
 #: Keywords in :data:`_ACTED_ON` that need no lowering in the forms these accept.
@@ -985,13 +991,22 @@ class _Lowerer:
         additional, so it becomes ``additionalProperties`` and an ``allOf`` in each declared
         property. The engines then build a plain open object (xgrammar refuses
         ``patternProperties`` beside other names; llguidance walks its token trie at each
-        such name)."""
+        such name).
+
+        A sound subset where a schema allows other names anyway (``additionalProperties``
+        absent or true) and its one name is matched by every name but those that are
+        empty or hold a line break (``^.+``, ``^.*$``, ...): those few names take the
+        subschema too."""
         names, props = s["patternProperties"], s.get("properties", {})
         if not isinstance(names, Mapping) or len(names) != 1 or not isinstance(props, Mapping):
             return s
         ((name, sub),) = names.items()
         if name not in _EVERY_NAME:
-            return s
+            if name not in _ALMOST_EVERY_NAME or not self.approximate or s.get(
+                    "additionalProperties", True) not in (True, {}):
+                return s
+            self.approximated.append(f"patternProperties {name!r}: names that are empty or "
+                                     "hold a line break take its subschema too")
         vacuous = sub is True or sub == {}
         if not vacuous and len(props) > _MAX_COPIED:
             raise _NotExact(f"{len(props)} properties to copy a subschema into")

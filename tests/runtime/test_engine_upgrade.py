@@ -346,11 +346,20 @@ def test_a_long_foreground_compiles_worker_is_retired_not_kept(info):
 
 def _open_object(names: int, prefix: str) -> dict:
     """An open object of ``names`` long declared names: xgrammar's exact grammar for it
-    (a free name must spell none of them) takes it about a second to compile."""
+    (a free name must spell none of them) takes it about a second to compile as xgrammar
+    writes it (:func:`_xgrammars_own_free_names`)."""
     # (No two names share a suffix: xgrammar compiles a state of a shared one once.)
     return {"type": "object", "properties": {
         hashlib.sha256(f"{prefix}{i}".encode()).hexdigest()[:24]: {"type": "integer"}
         for i in range(names)}}
+
+
+def _xgrammars_own_free_names(monkeypatch) -> None:
+    """Compiles in this process write open objects as xgrammar does, one vocabulary walk
+    per prefix of a declared name (the slow compile a test needs; a worker's do not)."""
+    from portable_guided.runtime.engines import xgrammar
+
+    monkeypatch.setattr(xgrammar, "share_free_name_tails", lambda text: text)
 
 
 def test_a_worker_asked_to_prepare_checks_the_spec_and_compiles_nothing(info):
@@ -382,6 +391,7 @@ def test_an_upgrade_compile_past_its_limit_is_left_running_and_the_next_uses_a_w
     limit (it cannot be killed here: it is left to finish), and until it ends the next
     upgrades compile in a worker first (which can be killed)."""
     monkeypatch.setattr(service, "UPGRADE_LIMIT_S", 0.3)
+    _xgrammars_own_free_names(monkeypatch)
     with GrammarRuntime(info, "auto", compile_timeout_s=20) as rt:
         pool = rt._service._pool
         asked: list[str] = []

@@ -767,3 +767,42 @@ def test_a_wrong_reading_of_a_line_break_would_be_caught():
     # (The reference tells ^.*$ from .*: a name with a line break matches only the second.)
     assert _valid(NOT_EVERY_NAME[0], {"a\nb": 1}) is False
     assert _valid({**NOT_EVERY_NAME[0], "patternProperties": {".*": _EVERY}}, {"a\nb": 1})
+
+
+# -- patternProperties that every name but the empty or line-broken ones matches -------------
+ALMOST_EVERY = [".+", "^(.)+", "^.*$", "^.+$", "(.+)", "^."]
+ODD_NAMES = [{"": 1}, {"": -1}, {"\n": -1}, {"\nx": "s"}, {"a\nb": -2}]
+
+
+@pytest.mark.parametrize("pattern", ALMOST_EVERY)
+def test_a_pattern_almost_every_name_matches_lowers_to_a_sound_subset(pattern):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}},
+              "patternProperties": {pattern: _EVERY}}
+    lowered = lower(schema, approximate=True)
+    assert "patternProperties" not in lowered and lowered["additionalProperties"] == _EVERY
+    for x in NAME_INSTANCES + ODD_NAMES:  # sound: nothing invalid accepted
+        assert not _valid(lowered, x) or _valid(schema, x), (pattern, lowered, x)
+    for x in NAME_INSTANCES:  # and the same language on every other name
+        if not any(k == "" or "\n" in k for k in (x if isinstance(x, dict) else {})):
+            assert _valid(lowered, x) == _valid(schema, x), (pattern, lowered, x)
+    # what the subset leaves out: an odd name with a value outside the subschema
+    assert [x for x in ODD_NAMES if _valid(schema, x) and not _valid(lowered, x)]
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "patternProperties": {"^.+": _EVERY},
+     "additionalProperties": {"type": "string"}},  # odd names have their own schema
+    {"type": "object", "patternProperties": {"^.+": _EVERY}, "additionalProperties": False},
+    {"type": "object", "patternProperties": {"^.+": _EVERY, "^b": {"type": "integer"}}},
+    {"type": "object", "patternProperties": {"^.+x": _EVERY}},
+], ids=["other-schema", "closed", "two-patterns", "not-almost-every"])
+def test_a_pattern_almost_every_name_matches_is_kept_otherwise(schema):
+    assert lower(schema, approximate=True)["patternProperties"] == schema["patternProperties"]
+
+
+def test_a_pattern_almost_every_name_matches_is_exact_where_negated():
+    schema = {"type": "object", "patternProperties": {"^.+": _EVERY}}
+    assert lower(schema)["patternProperties"] == schema["patternProperties"]  # no subset asked
+    negated = lower({"not": schema}, approximate=True)
+    for x in NAME_INSTANCES + ODD_NAMES:
+        assert not _valid(negated, x) or not _valid(schema, x), (negated, x)
