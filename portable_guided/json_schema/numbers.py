@@ -13,7 +13,8 @@ from typing import Any, TypeGuard
 from .keywords import ANNOTATIONS
 from .walk import map_schemas
 
-__all__ = ["plain_number_range", "llguidance_exact_numbers"]
+__all__ = ["MAX_DECIMAL_PLACES", "decimal_places", "llguidance_exact_numbers",
+           "plain_number_range"]
 
 
 _RANGE_KEYS = frozenset(("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"))
@@ -36,6 +37,38 @@ def plain_number_range(node: Mapping[str, Any]) -> dict[str, Decimal] | None:
             return None
     # repr: the shortest text of the float, what the schema's author wrote
     return {k: Decimal(repr(node[k])) for k in _RANGE_KEYS if k in node}
+
+
+#: The most fraction digits of a ``multipleOf`` that :func:`decimal_places` reads.
+MAX_DECIMAL_PLACES = 12
+
+
+def decimal_places(node: Mapping[str, Any]) -> int | None:
+    """``k`` where ``node`` is a ``number`` schema whose ``multipleOf`` is ``10**-k`` (0.1,
+    0.01, ...: its multiples are the decimals whose digits stop within ``k`` fraction
+    digits) beside nothing but a range (:func:`plain_number_range`) and annotations;
+    ``None`` for any other.
+
+    >>> decimal_places({"type": "number", "multipleOf": 0.01, "minimum": 0})
+    2
+    >>> decimal_places({"type": "number", "multipleOf": 0.25}) is None
+    True
+    """
+    types = node.get("type")
+    if not (types == "number" or isinstance(types, list) and "number" in types
+            and "integer" not in types):
+        return None
+    step = node.get("multipleOf")
+    if type(step) is not float or not math.isfinite(step) or step <= 0:
+        return None
+    places = -Decimal(repr(step)).adjusted()
+    if not 1 <= places <= MAX_DECIMAL_PLACES or Decimal(repr(step)) != Decimal(1).scaleb(
+            -places):
+        return None
+    rest = {k: v for k, v in node.items() if k != "multipleOf"}
+    if _RANGE_KEYS & rest.keys():
+        return places if plain_number_range(rest) is not None else None
+    return places if all(k == "type" or k in ANNOTATIONS for k in rest) else None
 
 
 def _cut_bound_values(node: Mapping[str, Any]) -> list[float]:

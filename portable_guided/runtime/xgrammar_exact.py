@@ -34,7 +34,7 @@ from decimal import Decimal
 from typing import Any
 
 from ..json_schema.keywords import ANNOTATIONS
-from ..json_schema.numbers import plain_number_range
+from ..json_schema.numbers import decimal_places, plain_number_range
 from ..json_schema.walk import map_schemas
 from ..json_schema.xgrammar_patterns import MAX_ESCAPED_MIN_LENGTH
 from .engines.base import EmptyLanguage, UnsupportedSpec
@@ -98,7 +98,7 @@ def exact_placeholders(text: str, rules: dict[str, str]) -> str:
     itself when there is none (or when a placeholder's text occurs in the schema: then
     xgrammar's own forms stay)."""
     if '"minimum"' not in text and '"maximum"' not in text and '"exclusiveM' not in text and (
-            '"minLength"' not in text) and "false" not in text:
+            '"minLength"' not in text) and "false" not in text and '"multipleOf"' not in text:
         return text
     schema = json.loads(text)
     if _PLACEHOLDER in json.dumps(schema):
@@ -117,15 +117,19 @@ def exact_placeholders(text: str, rules: dict[str, str]) -> str:
             added += 1
             node = {**node, "properties": {k: {"const": _ABSENT} if v is False else v
                                            for k, v in props.items()}}
-        bounds = _range(node)
+        places = decimal_places(node)
+        bounds: tuple[Bound | None, Bound | None] | None = _range(node)
+        if places is not None:  # a multipleOf of 10**-places (money: 0.01), in its range
+            bounds = _range({k: v for k, v in node.items() if k != "multipleOf"}) or (
+                None, None)
         low = None if bounds is not None else _min_length(node)
         if bounds is None and low is None:
             return node
         index = len(rules)
         placeholder = f"{_PLACEHOLDER}{index}"
         try:
-            rule = (range_rules(f"pg_number_{index}", *bounds) if bounds is not None
-                    else min_length_rules(f"pg_string_{index}", low or 0))
+            rule = (range_rules(f"pg_number_{index}", *bounds, places=places)
+                    if bounds is not None else min_length_rules(f"pg_string_{index}", low or 0))
         except UnsupportedSpec:
             return node  # an empty range (in a branch, say) is empty in xgrammar's too
         rules[json.dumps(json.dumps(placeholder))] = rule
@@ -276,12 +280,14 @@ def min_length_rules(name: str, min_length: int) -> str:
     return "\n".join(lines)
 
 
-def range_rules(name: str, low: Bound | None, high: Bound | None) -> str:
+def range_rules(name: str, low: Bound | None, high: Bound | None,
+                places: int | None = None) -> str:
     """EBNF rules (the first named ``name``) for the JSON numbers in plain notation
     (``-?(0|[1-9][0-9]*)(.[0-9]+)?``) from ``low`` to ``high`` (``None``: unbounded), each
-    ``(decimal, exclusive)``. ``-0`` counts as 0. Raises :class:`UnsupportedSpec` for an
-    empty range."""
-    g = _Grammar(name)
+    ``(decimal, exclusive)``, with at most ``places`` fraction digits (``None``: any
+    number; a ``multipleOf`` of ``10**-places``). ``-0`` counts as 0. Raises
+    :class:`UnsupportedSpec` for an empty range."""
+    g = _Grammar(name, places)
     parts = []
     # Non-negative numbers: magnitudes from max(low, 0) up to high.
     if high is None or high[0] >= 0:
@@ -300,6 +306,8 @@ def range_rules(name: str, low: Bound | None, high: Bound | None) -> str:
 _DIGITS = "0123456789"
 #: A fraction's bound: its digits (trailing zeros dropped) and whether it is exclusive.
 _FracBound = tuple[str, bool]
+#: A state of a fraction's digits: the bounds left and the digits left (None: any number).
+_FracState = tuple[Any, Any, Any]
 
 
 def _split(value: Decimal) -> tuple[int, str]:
@@ -320,10 +328,11 @@ def _digit_class(digits: list[str]) -> str:
 class _Grammar:
     """Rules interned by body: the same sub-language is one rule."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, places: int | None = None) -> None:
         self.name = name
+        self.places = places  # the most fraction digits (None: any number)
         self.rules: dict[str, str] = {}  # body -> rule name
-        self.frac_rules: dict[tuple[Any, Any], str] = {}  # fraction state -> rule name
+        self.frac_rules: dict[_FracState, str] = {}  # fraction state -> rule name
         self.frac_bodies: list[tuple[str, str]] = []
 
     def rule(self, body: str) -> str:
@@ -356,7 +365,7 @@ class _Grammar:
         else:
             out += self._with_fraction(str(a), lo_frac, None)
             if b is None or b - a >= 2:
-                free = self.rule(_any_fraction())
+                free = self.rule(_any_fraction(self.places))
                 out += [f"{i} {free}" for i in self._integers(a + 1, None if b is None else b - 1)]
             if b is not None:
                 out += self._with_fraction(str(b), None, hi_frac)
@@ -410,45 +419,47 @@ class _Grammar:
     # -- fractions: digit strings 0.s between two bounds ----------------------------------
 
     def _fraction(self, low: _FracBound | None, high: _FracBound | None) -> str | None:
-        """A rule for the non-empty digit strings ``s`` with ``0.s`` within the bounds,
-        or ``None`` when there is none."""
-        live = _live_states(low, high)
-        if (low, high) not in live:
+        """A rule for the non-empty digit strings ``s`` (at most ``places`` of them) with
+        ``0.s`` within the bounds, or ``None`` when there is none."""
+        start = (low, high, self.places)
+        live = _live_states(start)
+        if start not in live:
             return None
-        return self._fraction_rule(low, high, live)
+        return self._fraction_rule(start, live)
 
-    def _fraction_rule(self, low: _FracBound | None, high: _FracBound | None,
-                       live: set[tuple[Any, Any]]) -> str:
-        key = (low, high)
-        if key in self.frac_rules:
-            return self.frac_rules[key]
+    def _fraction_rule(self, state: _FracState, live: set[_FracState]) -> str:
+        if state in self.frac_rules:
+            return self.frac_rules[state]
+        low, high, left = state
         if low is None and high is None:
-            return "[0-9]+"
+            return "[0-9]+" if left is None else f"[0-9]{{1, {left}}}"
         # A state may lead back to itself ("0" under a strict lower bound of 0): name the
         # rule before its body refers to it.
         name = f"{self.name}_f{len(self.frac_rules) + 1}"
-        self.frac_rules[key] = name
-        groups: dict[tuple[Any, Any], list[str]] = {}
+        self.frac_rules[state] = name
+        groups: dict[_FracState, list[str]] = {}
         for d in _DIGITS:
-            nxt = _step(low, high, d)
-            if nxt is not None and nxt in live:
+            nxt = _next_state(state, d)
+            if nxt is not None and (nxt in live or _empty_fraction_ok(nxt[0], nxt[1])):
                 groups.setdefault(nxt, []).append(d)
         alts = []
-        for (lo2, hi2), digits in groups.items():
+        for nxt, digits in groups.items():
             head = _digit_class(digits)
+            lo2, hi2, left2 = nxt
             if lo2 is None and hi2 is None:
-                alts.append(f"{head} [0-9]*")
+                more = "*" if left2 is None else f"{{0, {left2}}}" if left2 else ""
+                alts.append(f"{head} [0-9]{more}" if more else head)
                 continue
-            rest = self._fraction_rule(lo2, hi2, live)
-            alts.append(f"{head} {rest}")
+            if nxt in live:
+                alts.append(f"{head} {self._fraction_rule(nxt, live)}")
             if _empty_fraction_ok(lo2, hi2):
                 alts.append(head)
         self.frac_bodies.append((name, " | ".join(f"({a})" for a in alts)))
         return name
 
 
-def _any_fraction() -> str:
-    return '"" | ("." [0-9]+)'
+def _any_fraction(places: int | None = None) -> str:
+    return '"" | ("." [0-9]+)' if places is None else f'"" | ("." [0-9]{{1, {places}}})'
 
 
 def _repeat(n: int) -> str:
@@ -486,19 +497,31 @@ def _step(low: _FracBound | None, high: _FracBound | None, d: str) -> tuple[Any,
     return low, high
 
 
-def _live_states(low: _FracBound | None, high: _FracBound | None) -> set[tuple[Any, Any]]:
-    """The states (bounds left) reachable from ``(low, high)`` that some non-empty digit
-    string satisfies."""
-    seen: dict[tuple[Any, Any], list[tuple[Any, Any]]] = {}
-    todo = [(low, high)]
+def _next_state(state: _FracState, d: str) -> _FracState | None:
+    """The state after the digit ``d`` (``None``: out of range, or no digit left)."""
+    low, high, left = state
+    if left == 0:
+        return None
+    bounds = _step(low, high, d)
+    if bounds is None:
+        return None
+    return bounds[0], bounds[1], None if left is None else left - 1
+
+
+def _live_states(start: _FracState) -> set[_FracState]:
+    """The states (bounds left, digits left) reachable from ``start`` that some non-empty
+    digit string satisfies."""
+    seen: dict[_FracState, list[_FracState]] = {}
+    todo = [start]
     while todo:
         state = todo.pop()
         if state in seen:
             continue
-        nexts = [n for d in _DIGITS if (n := _step(*state, d)) is not None]
+        nexts = [n for d in _DIGITS if (n := _next_state(state, d)) is not None]
         seen[state] = nexts
         todo += nexts
-    live = {s for s, nexts in seen.items() if any(_empty_fraction_ok(*n) for n in nexts)}
+    live = {s for s, nexts in seen.items()
+            if any(_empty_fraction_ok(n[0], n[1]) for n in nexts)}
     changed = True
     while changed:
         changed = False

@@ -217,3 +217,83 @@ def test_a_schema_holding_the_placeholder_text_keeps_xgrammars_range(runtimes):
     assert exact_placeholders(json.dumps(schema), {}) == json.dumps(schema)
     assert decide_text(runtimes["xgrammar"], schema, "0.5") is True
     assert decide_text(runtimes["xgrammar"], schema, "1.5") is False
+
+
+def _places_ok(text: str, places: int) -> bool:
+    return len(text.partition(".")[2]) <= places
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(low=_bounds, high=_bounds, places=st.integers(1, 4),
+       texts=st.lists(_texts, min_size=5, max_size=15))
+def test_range_rules_with_places_decide_as_decimals_of_that_many_digits(low, high, places,
+                                                                          texts):
+    try:
+        rules = range_rules("root", low, high, places=places)
+    except UnsupportedSpec:
+        assert low is not None and high is not None, (low, high, places)
+        # no decimal of `places` digits in the range (the reference agrees on a grid)
+        step = Decimal(1).scaleb(-places)
+        start = (low[0] / step).to_integral_value(rounding="ROUND_FLOOR")
+        for i in range(int(start) - 1, int(start) + 1 + int((high[0] - low[0]) / step) + 1):
+            assert not _in_range(format(i * step, "f"), low, high), (low, high, places, i)
+        return
+    grammar = xgr.Grammar.from_ebnf(rules)
+    for text in [*texts, *_near(low), *_near(high), "0", "-0", "0.1", "0.10", "0.100",
+                 "1.2345", "1e2", "1."]:
+        expected = _in_range(text, low, high) and _places_ok(text, places)
+        assert _is_grammar_accept_string(grammar, text) == expected, (low, high, places, text)
+
+
+# multipleOf 10**-k on numbers (MaskBench o17482, o17460, o41773: amounts of money), which
+# xgrammar ignores: our rule, the decimals of at most k fraction digits in the range (a
+# sound subset: "1.500" and "15e-1" are multiples too; llguidance's language is the same).
+MULTIPLES = [
+    ({"type": "number", "multipleOf": 0.01}, ["1.5", "1.50", "1.505", "-0.01", "0", "12.34"]),
+    ({"type": "number", "multipleOf": 0.01, "minimum": 0, "title": "amount"},
+     ["0", "0.01", "-0.01", "99999999.99", "0.001", "3"]),
+    ({"type": "number", "multipleOf": 0.1, "exclusiveMinimum": 0.05, "maximum": 2.5},
+     ["0.1", "0.05", "0", "2.5", "2.6", "1.25", "1"]),
+    ({"type": ["number", "null"], "multipleOf": 0.001, "maximum": -1},
+     ["null", "-1", "-1.001", "-1.0001", "-0.999", "-1000"]),
+    ({"type": "object", "properties": {"price": {"type": "number", "multipleOf": 0.01,
+                                                 "minimum": 0}},
+      "required": ["price"]},
+     ['{"price": 10.99}', '{"price": 10.999}', '{"price": -1}']),
+]
+
+
+def _without_multiple_of(schema):
+    if isinstance(schema, dict):
+        return {k: _without_multiple_of(v) for k, v in schema.items() if k != "multipleOf"}
+    return schema
+
+
+def _multiple_of(schema, value) -> bool:
+    """JSON Schema's multipleOf on the decimal as written (jsonschema divides floats)."""
+    step = Decimal(repr(schema["multipleOf"]))
+    return value is None or (Decimal(repr(value)) % step) == 0
+
+
+@pytest.mark.parametrize("index", range(len(MULTIPLES)))
+def test_decimal_multiples_decide_as_json_schema_on_xgrammar(index, runtimes):
+    schema, texts = MULTIPLES[index]
+    number = schema["properties"]["price"] if "properties" in schema else schema
+    check = jsonschema.Draft202012Validator(_without_multiple_of(schema))
+    for text in texts:
+        value = json.loads(text)
+        inner = value["price"] if isinstance(value, dict) else value
+        expected = check.is_valid(value) and _multiple_of(number, inner)
+        for engine in ("xgrammar", "llguidance"):  # one language: hand-overs keep working
+            assert decide_text(runtimes[engine], schema, text) == expected, (
+                engine, schema, text)
+
+
+def test_other_multiples_of_numbers_are_still_refused_by_xgrammar():
+    from portable_guided.json_schema.refusals import xgrammar_unsupported
+
+    for schema in [{"type": "number", "multipleOf": 0.25}, {"type": "number", "multipleOf": 3},
+                   {"type": "number", "multipleOf": 0.01, "minLength": 2},
+                   {"multipleOf": 0.01}]:
+        assert xgrammar_unsupported(schema), schema
+    assert not xgrammar_unsupported({"type": "number", "multipleOf": 0.01, "maximum": 5})
