@@ -297,3 +297,10 @@ def test_other_multiples_of_numbers_are_still_refused_by_xgrammar():
                    {"multipleOf": 0.01}]:
         assert xgrammar_unsupported(schema), schema
     assert not xgrammar_unsupported({"type": "number", "multipleOf": 0.01, "maximum": 5})
+
+
+def test_a_multiple_of_one_on_an_integer_constrains_nothing_on_xgrammar(runtimes):
+    # MaskBench Github_trivial o41773: multipleOf 1.0 beside a minimum (every integer is one)
+    schema = {"type": "integer", "multipleOf": 1.0, "minimum": 0}
+    for text, expected in (("0", True), ("7", True), ("-1", False), ("1.5", False)):
+        assert decide_text(runtimes["xgrammar"], schema, text) is expected, text
