@@ -210,11 +210,26 @@ _ALMOST_EVERY_NAME = frozenset((".", ".+", "(.)+", "(.+)", "^.", "^.+", "^(.)+",
 
 
 def _no_name_for_all(node: Mapping[str, Any], root: Mapping[str, Any]) -> bool:
-    """``patternProperties`` none of whose names matches every property name: looked at
-    as it is (the others: :meth:`_Lowerer._names_all_matched`)."""
+    """``patternProperties`` none of whose names matches every property name and none
+    of whose subschemas allows anything: looked at as it is (the others:
+    :meth:`_Lowerer._names_all_matched`)."""
     names = node["patternProperties"]
     return not (isinstance(names, Mapping) and (
-        _EVERY_NAME.intersection(names) or _ALMOST_EVERY_NAME.intersection(names)))
+        _EVERY_NAME.intersection(names) or _ALMOST_EVERY_NAME.intersection(names)
+        or any(_allows_anything(sub) for sub in names.values())))
+
+
+def _allows_anything(schema: Any) -> bool:
+    """Whether ``schema`` is ``true``, or holds only annotations and keywords of ``true``."""
+    return schema is True or isinstance(schema, Mapping) and all(
+        k in _ANNOTATIONS or k in _TRUE_WHEN_TRUE and v in (True, {})
+        for k, v in schema.items())
+
+
+#: Keywords that constrain nothing with a ``true`` subschema (what they evaluate aside).
+_TRUE_WHEN_TRUE = frozenset(("additionalProperties", "additionalItems", "items",
+                             "propertyNames", "unevaluatedProperties", "unevaluatedItems",
+                             "contains"))
 
 
 #: Keywords in :data:`_ACTED_ON` that need no lowering in the forms these accept.
@@ -998,6 +1013,16 @@ class _Lowerer:
         empty or hold a line break (``^.+``, ``^.*$``, ...): those few names take the
         subschema too."""
         names, props = s["patternProperties"], s.get("properties", {})
+        if isinstance(names, Mapping) and s.get("additionalProperties", True) in (True, {}) and (
+                not self.annotations_matter and not self.keep):
+            # Where every other name is allowed anyway, a name whose subschema allows
+            # anything changes nothing (Github_medium o16744: `^x_` extensions).
+            kept = {n: sub for n, sub in names.items() if not _allows_anything(sub)}
+            if len(kept) < len(names):
+                s = {k: v for k, v in s.items() if k != "patternProperties"}
+                if not kept:
+                    return s
+                s["patternProperties"] = names = kept
         if not isinstance(names, Mapping) or len(names) != 1 or not isinstance(props, Mapping):
             return s
         ((name, sub),) = names.items()

@@ -806,3 +806,31 @@ def test_a_pattern_almost_every_name_matches_is_exact_where_negated():
     negated = lower({"not": schema}, approximate=True)
     for x in NAME_INSTANCES + ODD_NAMES:
         assert not _valid(negated, x) or not _valid(schema, x), (negated, x)
+
+
+# -- patternProperties names whose subschema allows anything, other names allowed -------------
+_ANYTHING = {"description": "Any property starting with 'x_' is valid.",
+             "additionalItems": True, "additionalProperties": True}
+ALLOWS_ANYTHING = [  # (Github_medium o16744's extensions)
+    {"type": "object", "properties": {"version": {"type": "integer"}},
+     "patternProperties": {"^x_": _ANYTHING}},
+    {"type": "object", "patternProperties": {"^x_": True, "^n_": {"type": "number"}},
+     "additionalProperties": True},
+]
+ANYTHING_KEPT = [
+    {"type": "object", "patternProperties": {"^x_": _ANYTHING}, "additionalProperties": False},
+    {"type": "object", "patternProperties": {"^x_": True},
+     "additionalProperties": {"type": "string"}},
+    {"type": "object", "patternProperties": {"^x_": True}, "unevaluatedProperties": False},
+]
+ANYTHING_INSTANCES = [{}, {"version": 1}, {"version": "1"}, {"x_a": [1]}, {"x_a": {"b": 2}},
+                      {"y": 1}, {"y": "s"}, {"n_1": 2}, {"n_1": "2"}, {"x_n_": "s"}, [], 3]
+
+
+@pytest.mark.parametrize("schema", ALLOWS_ANYTHING + ANYTHING_KEPT)
+def test_a_pattern_whose_subschema_allows_anything_is_dropped_where_it_changes_nothing(schema):
+    lowered = lower(schema, approximate=True)
+    for x in ANYTHING_INSTANCES:
+        assert _valid(lowered, x) == _valid(schema, x), (schema, lowered, x)
+    names = lowered.get("patternProperties", {})
+    assert ("^x_" in names) == (schema in ANYTHING_KEPT), lowered
