@@ -16,7 +16,8 @@ Here such a schema is written as our own grammar, exact, and put in place of xgr
 3. :func:`substitute_exact` puts our rule in place of each literal: :func:`range_rules` (every
    decimal in plain notation, ``-?int(.frac)?``, any number of digits, compared as the
    decimals written in the schema, not as binary floats; no exponent, as llguidance's
-   ranges) or :func:`min_length_rules` (every JSON string of at least that many characters,
+   ranges; for a ``multipleOf`` of ``10**-k``, which xgrammar ignores, at most ``k``
+   fraction digits, llguidance's language too) or :func:`min_length_rules` (every JSON string of at least that many characters,
    escapes included, a surrogate pair counting as one character).
 
 A string with ``maxLength`` keeps xgrammar's form (no escapes): our rule for it is exact too,
