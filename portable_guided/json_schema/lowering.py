@@ -220,16 +220,11 @@ def _no_name_for_all(node: Mapping[str, Any], root: Mapping[str, Any]) -> bool:
 
 
 def _allows_anything(schema: Any) -> bool:
-    """Whether ``schema`` is ``true``, or holds only annotations and keywords of ``true``."""
+    """Whether ``schema`` is ``true``, or holds only annotations and keywords that
+    constrain nothing with a ``true`` subschema (what they evaluate aside)."""
     return schema is True or isinstance(schema, Mapping) and all(
-        k in _ANNOTATIONS or k in _TRUE_WHEN_TRUE and v in (True, {})
-        for k, v in schema.items())
-
-
-#: Keywords that constrain nothing with a ``true`` subschema (what they evaluate aside).
-_TRUE_WHEN_TRUE = frozenset(("additionalProperties", "additionalItems", "items",
-                             "propertyNames", "unevaluatedProperties", "unevaluatedItems",
-                             "contains"))
+        k in _ANNOTATIONS or (k in _VACUOUS_WHEN_TRUE or k == "additionalItems")
+        and v in (True, {}) for k, v in schema.items())
 
 
 #: Keywords in :data:`_ACTED_ON` that need no lowering in the forms these accept.

@@ -818,12 +818,14 @@ ALLOWS_ANYTHING = [  # (Github_medium o16744's extensions)
      "additionalProperties": True},
 ]
 ANYTHING_KEPT = [
+    {"type": "object", "patternProperties": {"^x_": {"contains": True}}},  # a non-empty array
     {"type": "object", "patternProperties": {"^x_": _ANYTHING}, "additionalProperties": False},
     {"type": "object", "patternProperties": {"^x_": True},
      "additionalProperties": {"type": "string"}},
     {"type": "object", "patternProperties": {"^x_": True}, "unevaluatedProperties": False},
 ]
-ANYTHING_INSTANCES = [{}, {"version": 1}, {"version": "1"}, {"x_a": [1]}, {"x_a": {"b": 2}},
+ANYTHING_INSTANCES = [{}, {"version": 1}, {"version": "1"}, {"x_a": [1]}, {"x_a": []},
+                      {"x_a": {"b": 2}},
                       {"y": 1}, {"y": "s"}, {"n_1": 2}, {"n_1": "2"}, {"x_n_": "s"}, [], 3]
 
 
