@@ -1008,7 +1008,8 @@ class _Lowerer:
         empty or hold a line break (``^.+``, ``^.*$``, ...): those few names take the
         subschema too."""
         names, props = s["patternProperties"], s.get("properties", {})
-        if isinstance(names, Mapping) and s.get("additionalProperties", True) in (True, {}) and (
+        others_allowed = s.get("additionalProperties", True) in (True, {})
+        if isinstance(names, Mapping) and others_allowed and (
                 not self.annotations_matter and not self.keep):
             # Where every other name is allowed anyway, a name whose subschema allows
             # anything changes nothing (Github_medium o16744: `^x_` extensions).
@@ -1022,8 +1023,7 @@ class _Lowerer:
             return s
         ((name, sub),) = names.items()
         if name not in _EVERY_NAME:
-            if name not in _ALMOST_EVERY_NAME or not self.approximate or s.get(
-                    "additionalProperties", True) not in (True, {}):
+            if name not in _ALMOST_EVERY_NAME or not self.approximate or not others_allowed:
                 return s
             self.approximated.append(f"patternProperties {name!r}: names that are empty or "
                                      "hold a line break take its subschema too")

@@ -17,8 +17,9 @@ Here such a schema is written as our own grammar, exact, and put in place of xgr
    decimal in plain notation, ``-?int(.frac)?``, any number of digits, compared as the
    decimals written in the schema, not as binary floats; no exponent, as llguidance's
    ranges; for a ``multipleOf`` of ``10**-k``, which xgrammar ignores, at most ``k``
-   fraction digits, llguidance's language too) or :func:`min_length_rules` (every JSON string of at least that many characters,
-   escapes included, a surrogate pair counting as one character).
+   fraction digits, llguidance's language too) or :func:`min_length_rules` (every JSON
+   string of at least that many characters, escapes included, a surrogate pair counting as
+   one character).
 
 A string with ``maxLength`` keeps xgrammar's form (no escapes): our rule for it is exact too,
 but xgrammar compiles it at about 20 ms per counted character (2.6 s for 128) where the
@@ -118,11 +119,9 @@ def exact_placeholders(text: str, rules: dict[str, str]) -> str:
             added += 1
             node = {**node, "properties": {k: {"const": _ABSENT} if v is False else v
                                            for k, v in props.items()}}
-        places = decimal_places(node)
-        bounds: tuple[Bound | None, Bound | None] | None = _range(node)
-        if places is not None:  # a multipleOf of 10**-places (money: 0.01), in its range
-            bounds = _range({k: v for k, v in node.items() if k != "multipleOf"}) or (
-                None, None)
+        places = decimal_places(node)  # a multipleOf of 10**-places (money: 0.01)
+        bounds = _range(node) if places is None else _range(
+            {k: v for k, v in node.items() if k != "multipleOf"}) or (None, None)
         low = None if bounds is not None else _min_length(node)
         if bounds is None and low is None:
             return node
