@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .keywords import _ANNOTATIONS, _FAMILY, _TYPES
+from .keywords import _ANNOTATIONS, _FAMILY, _KEYWORDS, _TYPES
 from .values import _copy, _key, _same, has_type
 
 __all__ = ["merge", "negate", "value_types", "disjoint", "merge_type"]
@@ -136,8 +136,8 @@ def merge(a: Any, b: Any, inline: Any, *, host: bool = False) -> Any:
 
 def _merge_key(k: str, a: Mapping[str, Any], b: Mapping[str, Any], inline: Any) -> Any:
     x, y = a[k], b[k]
-    if k in _ANNOTATIONS or k == "$defs":
-        return x
+    if k in _ANNOTATIONS or k == "$defs" or k not in _KEYWORDS:
+        return x  # (an unknown keyword is an annotation: it constrains nothing)
     if _same(x, y) and k not in ("properties", "prefixItems"):
         return x
     if k == "type":

@@ -322,6 +322,7 @@ class _Lowerer:
         self._reused_narrowed = 0
         self._busy: set[str] = set()
         self._plain_defs: bool | None = None  # see _defs_resolvable
+        self._acyclic: dict[str, bool] = {}  # see _not_recursive
         self._steps = self._step_table(self.annotations_matter)
         # keep: the schema being rewritten produces annotations an unevaluated* keyword
         # sees (its own or an enclosing one's); inherited: only an enclosing one's.
@@ -411,13 +412,31 @@ class _Lowerer:
         return len(self.approximated) + self._reused_narrowed
 
     def inline(self, ref: str) -> Any:
-        """The lowered target of ``ref`` if it is not recursive, else raise _NotExact."""
+        """The lowered target of ``ref`` if it is not recursive, else raise _NotExact. A
+        target may keep references of its own where none of them leads back to a
+        definition met on the way (the copy then means the same wherever it goes, and
+        merging it with another schema ends: each merge unfolds a reference at most once
+        per definition)."""
         if not self._is_def_ref(ref):
             raise _NotExact(f"unresolved $ref {ref}")
         target = self.target(ref)
-        if any(True for _ in _refs(target)):
-            raise _NotExact("a $ref inside the target")
+        inner = list(_refs(target))
+        if inner and not (self._defs_resolvable(inner) and self._not_recursive(ref)):
+            raise _NotExact("a recursive $ref inside the target")
         return _copy(target)
+
+    def _not_recursive(self, ref: str) -> bool:
+        """Whether no chain of references from the definition ``ref`` names (as written)
+        comes back to a definition already on the chain."""
+        name = ref.rsplit("/", 1)[-1]
+        known = self._acyclic.get(name)
+        if known is not None:
+            return known
+        self._acyclic[name] = False  # (on the chain: meeting it again is a cycle)
+        ok = all(self._is_def_ref(r) and self._not_recursive(r)
+                 for r in set(_refs(self.defs[name])))
+        self._acyclic[name] = ok
+        return ok
 
     def node(self, s: Any, depth: int = 0, keep: bool = False) -> Any:
         """``s`` lowered, children first. ``keep``: ``s`` is an in-place applicator of a

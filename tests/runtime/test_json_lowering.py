@@ -836,3 +836,84 @@ def test_a_pattern_whose_subschema_allows_anything_is_dropped_where_it_changes_n
         assert _valid(lowered, x) == _valid(schema, x), (schema, lowered, x)
     names = lowered.get("patternProperties", {})
     assert ("^x_" in names) == (schema in ANYTHING_KEPT), lowered
+
+
+#: GeoJSON's geometry shape (MaskBench Github_medium o19022): a ``oneOf`` beside ``required``,
+#: keywords of no JSON Schema draft beside both (annotations), and a ring that is an
+#: ``allOf`` of a definition whose own items are a reference.
+GEOMETRY = {
+    "type": "object", "required": ["type", "coordinates"], "example": "../geometry.json",
+    "translation": {"ISO 19115-2": ["polygon > Point"]},
+    "oneOf": [
+        {"type": "object", "translation": {"ISO 19115-2": ["Point"]},
+         "properties": {"type": {"enum": ["Point"]},
+                        "coordinates": {"$ref": "#/definitions/position"}}},
+        {"type": "object", "translation": {"ISO 19115-2": ["LineString"]},
+         "properties": {"type": {"enum": ["LineString"]},
+                        "coordinates": {"$ref": "#/definitions/lineString"}}},
+        {"type": "object", "properties": {"type": {"enum": ["Polygon"]},
+                                          "coordinates": {"$ref": "#/definitions/polygon"}}},
+    ],
+    "definitions": {
+        "position": {"type": "array", "minItems": 2, "maxItems": 3, "items": {"type": "number"}},
+        "positionArray": {"type": "array", "items": {"$ref": "#/definitions/position"}},
+        "lineString": {"allOf": [{"$ref": "#/definitions/positionArray"}], "minItems": 2},
+        "linearRing": {"allOf": [{"$ref": "#/definitions/positionArray"}], "minItems": 4},
+        "polygon": {"type": "array", "items": {"$ref": "#/definitions/linearRing"}},
+    },
+}
+GEOMETRIES = [
+    {"type": "Point", "coordinates": [1, 2]}, {"type": "Point", "coordinates": [1]},
+    {"type": "Point"}, {"type": "Circle", "coordinates": [1, 2]},
+    {"type": "LineString", "coordinates": [[1, 2], [3, 4]]},
+    {"type": "LineString", "coordinates": [[1, 2]]},
+    {"type": "LineString", "coordinates": [[1, 2], [3]]},
+    {"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [1, 1], [0, 0]]]},
+    {"type": "Polygon", "coordinates": [[[0, 0], [1, 0], [0, 0]]]},
+    {"type": "Polygon", "coordinates": []}, {"type": "Point", "coordinates": [1, 2], "x": 1},
+    [], None,
+]
+
+
+def _subschemas(node):
+    if isinstance(node, dict):
+        yield node
+        for v in node.values():
+            yield from _subschemas(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _subschemas(v)
+
+
+def test_unknown_keywords_and_targets_with_references_do_not_stop_a_merge():
+    """A keyword of no draft is an annotation, so two values of it do not stop a merge (the
+    ``oneOf`` is distributed, and its branches, disjoint on ``type``, become ``anyOf``); a
+    definition whose own subschemas are references (none leading back) merges into the
+    ``allOf`` beside it. Both forms decide every instance as the schema does."""
+    for approximate in (False, True):
+        lowered = lower(GEOMETRY, approximate=approximate)
+        for x in GEOMETRIES:
+            assert _valid(lowered, x) == _valid(GEOMETRY, x), (approximate, x, lowered)
+    narrowed = lower(GEOMETRY, approximate=True)
+    assert "anyOf" in narrowed and "oneOf" not in narrowed and "required" not in narrowed
+    assert not any("allOf" in s for s in _subschemas(narrowed)), narrowed
+
+
+@pytest.mark.parametrize("defs", [
+    # a tree: the definition refers to itself
+    {"t": {"type": "object", "properties": {"kids": {"type": "array",
+                                                     "items": {"$ref": "#/$defs/t"}}}}},
+    # two definitions that refer to each other
+    {"t": {"type": "object", "properties": {"u": {"$ref": "#/$defs/u"}}},
+     "u": {"type": "object", "properties": {"t": {"$ref": "#/$defs/t"}}}},
+])
+def test_a_recursive_target_beside_other_keywords_is_kept_and_lowering_ends(defs):
+    """A target that refers back to itself is not merged (merging two of them need not
+    end); the ``allOf`` stays, and the lowered schema decides as the schema does."""
+    schema = {"$defs": defs, "minProperties": 1,
+              "allOf": [{"$ref": "#/$defs/t"}, {"properties": {"kids": {"maxItems": 1}}}]}
+    lowered = lower(schema, approximate=True)
+    assert any("allOf" in s or "$ref" in s for s in _subschemas(lowered)), lowered
+    for x in ({}, {"kids": []}, {"kids": [{}, {}]}, {"kids": [{"kids": [1]}]}, {"u": {}},
+              {"u": {"t": {"u": 1}}}, {"kids": [{"u": {"t": 3}}]}, 5):
+        assert _valid(lowered, x) == _valid(schema, x), (x, lowered)

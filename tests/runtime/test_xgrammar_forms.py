@@ -344,3 +344,15 @@ def test_a_pattern_almost_every_name_matches_compiles_as_a_sound_subset(runtimes
             assert decided == _valid(schema, x), (engine, x)
         else:
             assert _valid(schema, x) and decided is False
+
+
+def test_xgrammar_enforces_geojson_geometry(runtimes):
+    """GeoJSON's geometry (a ``oneOf`` beside ``required`` and unknown keywords, rings as an
+    ``allOf`` of a definition with references inside): xgrammar refused it, and now decides
+    every text as the validator does."""
+    from test_json_lowering import GEOMETRIES, GEOMETRY
+
+    validator = jsonschema.Draft7Validator(GEOMETRY)
+    for x in GEOMETRIES:
+        got = decide_text(runtimes["xgrammar"], GEOMETRY, json.dumps(x))
+        assert got == validator.is_valid(x), (x, got)
