@@ -64,7 +64,7 @@ from .keywords import (
     _TYPES,
 )
 from .references import _hoist_refs
-from .values import _copy, _key
+from .values import _copy, _key, has_type
 from .walk import (
     _CHILD_KEYS,
     _LIST_KEYS,
@@ -294,12 +294,31 @@ def needs_lowering(schema: Mapping[str, Any]) -> bool:
         if seen & _FAMILY_KEY and not seen & _TYPED:
             return True
         if ("enum" in node or "const" in node) and (
-                node.keys() - _ANNOTATIONS - {"enum", "const", "type"}):
-            return True  # the values the other keywords reject are dropped
+                node.keys() - _ANNOTATIONS - {"enum", "const", "type"} or _off_type(node)):
+            return True  # the values the other keywords (or the type) reject are dropped
         if "required" in node and _requires_false(node, typed=False) or (
                 node.get("enum") == []):
             return True
     return False
+
+
+def _declared_types(node: Mapping[str, Any]) -> list[str] | None:
+    """``node``'s ``type`` as a list of JSON Schema type names, None if absent or not one."""
+    types = node.get("type")
+    types = [types] if isinstance(types, str) else types
+    if not isinstance(types, list) or not all(t in _TYPES or t == "integer" for t in types):
+        return None
+    return types
+
+
+def _off_type(node: Mapping[str, Any]) -> bool:
+    """Whether an ``enum``/``const`` value of ``node`` is not of its ``type``."""
+    types = _declared_types(node)
+    if types is None:
+        return False
+    values = node["enum"] if isinstance(node.get("enum"), list) else (
+        [node["const"]] if "const" in node else [])
+    return not all(has_type(v, types) for v in values)
 
 
 class _Lowerer:
@@ -563,8 +582,10 @@ class _Lowerer:
         values = s["enum"] if isinstance(s.get("enum"), list) else (
             [s["const"]] if "const" in s else None)
         rest = set(s) - _ANNOTATIONS - {"enum", "const", "$defs", "type"}
-        if values is None or not rest or self.keep:
+        if values is None or self.keep:
             return s
+        if not rest:
+            return self._typed_values(s, values)
         refs = list(_refs(s))
         if refs and not self._defs_resolvable(refs):
             return s
@@ -607,6 +628,19 @@ class _Lowerer:
         if not kept:
             return False
         return {**{k: v for k, v in s.items() if k in _ANNOTATIONS}, "enum": kept}
+
+    @staticmethod
+    def _typed_values(s: dict[str, Any], values: list[Any]) -> Any:
+        """``enum``/``const`` beside ``type`` alone: the values of the type (``false`` if
+        none is: ``{"type": "array", "enum": ["code"]}`` accepts nothing); ``s`` itself
+        where every value is of the type."""
+        types = _declared_types(s)
+        if types is None:
+            return s
+        kept = [v for v in values if has_type(v, types)]
+        if len(kept) == len(values):
+            return s
+        return {**{k: v for k, v in s.items() if k != "const"}, "enum": kept} if kept else False
 
     def _defs_resolvable(self, refs: list[str]) -> bool:
         """Whether a validator given ``self.defs`` as ``$defs`` resolves ``refs`` (and the

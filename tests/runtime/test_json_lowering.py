@@ -111,7 +111,7 @@ def _leaf_keywords():
     )
 
 
-def _schemas():
+def _schemas(refs=("x",)):
     def extend(inner):
         sub = st.one_of(inner, st.booleans())
         return st.one_of(
@@ -137,7 +137,8 @@ def _schemas():
             st.builds(lambda a, b: {**a, **b}, inner, inner),
         )
     # "#/$defs/x" leaves; the test puts a random schema at /$defs/x of the root.
-    leaves = st.one_of(_leaf_keywords(), st.just({"$ref": "#/$defs/x"}))
+    leaves = st.one_of(_leaf_keywords(),
+                       st.sampled_from([{"$ref": f"#/$defs/{name}"} for name in refs]))
     return st.recursive(leaves, extend, max_leaves=6)
 
 
@@ -167,6 +168,27 @@ def test_lowering_is_exact_on_random_schemas(schema, target, xs):
     lowered = lower(schema)
     got = _decisions(lowered, xs)
     assert got in (expected, None), (schema, lowered, xs)
+    _assert_subset(schema, expected, xs)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_schemas(("x", "y")), _schemas(("x", "y")), _schemas(("x", "y")),
+       st.lists(instances, min_size=8, max_size=8))
+def test_lowering_is_exact_with_definitions_that_refer_to_each_other(schema, x, y, xs):
+    """Two definitions whose leaves may refer to either: chains of references (a target
+    with references inside, merged where none comes back) and cycles (kept)."""
+    if not isinstance(schema, dict):
+        return
+    schema = {**schema, "$defs": {"x": x, "y": y}}
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError:
+        return
+    expected = _decisions(schema, xs)
+    if expected is None:
+        return
+    got = _decisions(lower(schema), xs)
+    assert got in (expected, None), (schema, lower(schema), xs)
     _assert_subset(schema, expected, xs)
 
 
@@ -917,3 +939,29 @@ def test_a_recursive_target_beside_other_keywords_is_kept_and_lowering_ends(defs
     for x in ({}, {"kids": []}, {"kids": [{}, {}]}, {"kids": [{"kids": [1]}]}, {"u": {}},
               {"u": {"t": {"u": 1}}}, {"kids": [{"u": {"t": 3}}]}, 5):
         assert _valid(lowered, x) == _valid(schema, x), (x, lowered)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "enum": ["code", "token"]},  # MaskBench Github_medium o20464
+    {"type": "string", "enum": ["code", 1, None]},
+    {"type": ["string", "null"], "enum": ["code", 1, None, [1]]},
+    {"type": "integer", "const": 1.5},
+    {"type": "integer", "enum": [1.0, 2, "2"]},
+])
+def test_values_beside_type_alone_keep_those_of_the_type(schema):
+    """``enum``/``const`` beside ``type`` alone: the values of the type, or ``false`` where
+    there is none (as a property: it must be absent; required: no value at all)."""
+    values = schema.get("enum", [schema.get("const")])
+    typed = [v for v in values if _valid({"type": schema["type"]}, v)]
+    lowered = lower(schema)
+    if typed:
+        assert lowered["enum"] == typed, lowered
+    else:
+        assert lowered is False
+    for x in ["code", "token", 1, 1.0, 1.5, 2, "2", None, [1], ["code"], {}]:
+        assert _valid(lowered, x) == _valid(schema, x), (x, lowered)
+    as_property = {"type": "object", "properties": {"p": schema}}
+    for x in [{}, {"p": "code"}, {"p": 1}, {"p": None}, {"p": ["code"]}, {"q": 1}]:
+        assert _valid(lower(as_property), x) == _valid(as_property, x), x
+    required = {**as_property, "required": ["p"]}
+    assert (lower(required) is False) == (not typed)

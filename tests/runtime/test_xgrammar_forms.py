@@ -356,3 +356,14 @@ def test_xgrammar_enforces_geojson_geometry(runtimes):
     for x in GEOMETRIES:
         got = decide_text(runtimes["xgrammar"], GEOMETRY, json.dumps(x))
         assert got == validator.is_valid(x), (x, got)
+
+
+def test_xgrammar_enforces_values_of_no_declared_type(runtimes):
+    """``{"type": "array", "enum": ["code", "token"]}`` (MaskBench Github_medium o20464)
+    accepts nothing: as a property it must be absent. xgrammar refused it (values outside
+    the declared type); now it decides every text as the validator does."""
+    schema = {"type": "object", "properties": {"r": {"type": "array", "enum": ["code"]},
+                                               "a": {"type": "string"}}}
+    for x in [{}, {"a": "x"}, {"r": "code"}, {"r": ["code"]}, {"a": "x", "r": []}, {"z": 1}]:
+        got = decide_text(runtimes["xgrammar"], schema, json.dumps(x))
+        assert got == _valid(schema, x), (x, got)
