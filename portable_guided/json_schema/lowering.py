@@ -311,14 +311,17 @@ def _declared_types(node: Mapping[str, Any]) -> list[str] | None:
     return types
 
 
+def _listed_values(node: Mapping[str, Any]) -> list[Any] | None:
+    """``node``'s ``enum`` (or its ``const`` as a list), None if it has neither."""
+    return node["enum"] if isinstance(node.get("enum"), list) else (
+        [node["const"]] if "const" in node else None)
+
+
 def _off_type(node: Mapping[str, Any]) -> bool:
     """Whether an ``enum``/``const`` value of ``node`` is not of its ``type``."""
     types = _declared_types(node)
-    if types is None:
-        return False
-    values = node["enum"] if isinstance(node.get("enum"), list) else (
-        [node["const"]] if "const" in node else [])
-    return not all(has_type(v, types) for v in values)
+    return types is not None and not all(has_type(v, types)
+                                         for v in _listed_values(node) or [])
 
 
 class _Lowerer:
@@ -579,8 +582,7 @@ class _Lowerer:
         whole schema accepts, decided by the ``jsonschema`` validator (formats asserted)
         when it is installed; a ``$ref`` inside is resolved in the document's definitions
         (:meth:`_defs_resolvable`; left alone otherwise)."""
-        values = s["enum"] if isinstance(s.get("enum"), list) else (
-            [s["const"]] if "const" in s else None)
+        values = _listed_values(s)
         rest = set(s) - _ANNOTATIONS - {"enum", "const", "$defs", "type"}
         if values is None or self.keep:
             return s

@@ -57,7 +57,8 @@ _PAYLOAD_KIND = "xgrammar-json"
 #: open object's names. A bound of 16 MiB held the JSON sub-grammars but not those (a
 #: ``maxLength: 255`` string is about 13 MiB of masks): the second schema with an email
 #: compiled in 310 ms at 16 MiB, 4 ms at 512; the fourth 40 MaskBench schemas of each file,
-#: one after another, 13.7 s -> 10.0 s in all, 27 -> 16 over 100 ms (at 256 MiB).
+#: one after another, 13.7 s -> 10.4 s in all, 27 -> 14 over 100 ms
+#: (``bench/bench_compiler_cache.py``).
 COMPILER_CACHE_BYTES = 512 << 20
 
 
