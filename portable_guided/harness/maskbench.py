@@ -3,7 +3,8 @@ mask before every token; valid instances must be accepted to the end (stop token
 invalid ones rejected somewhere.
 
 Modes: ``runtime:<engine>`` goes through :class:`GrammarRuntime` (``engine`` is xgrammar,
-llguidance or auto); ``raw:xgrammar`` and ``raw:llguidance`` call the libraries on the
+llguidance or auto; ``noprewarm:<engine>`` the same without the runtime's start-up prewarm);
+``raw:xgrammar`` and ``raw:llguidance`` call the libraries on the
 user's schema as vLLM does (``Engine.compile_raw``: xgrammar's ``compile_json_schema`` with its
 default ``strict_mode``, llguidance's JSON-schema grammar with its defaults; none of our
 lowering or refusals), compiled in the same killable worker, so a pathological schema cannot
@@ -38,7 +39,7 @@ from ..runtime.worker import WorkerPool
 __all__ = ["MODES", "ModeRun", "load_records", "run_mode", "summarize", "summary_table", "write_results"]
 
 MODES = ("runtime:xgrammar", "runtime:llguidance", "runtime:auto", "raw:xgrammar",
-         "raw:llguidance", "race:auto")
+         "raw:llguidance", "race:auto", "noprewarm:auto")
 
 
 def load_records(paths: Sequence[str], limit: int | None = None) -> list[dict[str, Any]]:
@@ -75,13 +76,15 @@ class _Walker:
         self.kind, self.engine = kind, engine
         self.rt: GrammarRuntime | None = None
         self.pool: WorkerPool | None = None
-        if kind in ("runtime", "race"):
+        if kind in ("runtime", "race", "noprewarm"):
             # Engine upgrades only where the run measures them (the warm pass): otherwise
             # every instance of an `auto` spec is decided by the engine auto chose. "race":
-            # compiles in this process (``compile_race=True``, the vLLM and SGLang backends').
+            # compiles in this process (``compile_race=True``, the vLLM and SGLang backends');
+            # "noprewarm": the runtime without its start-up prewarm (``engine_prewarm``).
             self.rt = GrammarRuntime(info, engine, compile_timeout_s=timeout_s, fill_threads=1,
                                      failure_ttl_s=0, engine_upgrade=upgrade,
-                                     compile_race=kind == "race")
+                                     compile_race=kind == "race",
+                                     engine_prewarm=kind != "noprewarm")
         elif kind == "raw":
             self.pool = WorkerPool(
                 lambda: {engine: engine_class(engine).tokenizer_payload(info)}, size=1)

@@ -72,7 +72,10 @@ def _hoist_refs(doc: dict[str, Any], keys: _KeyHint | None = None) -> dict[str, 
     if dynamic:
         return doc
     targets: dict[str, str] = {}
-    for node, uri in refs:
+    # A target outside the subschema keywords (a custom `#/tenant_resourceDefinitions/x`)
+    # was not walked above: its own references are collected as it is hoisted.
+    collected = {id(node) for node, _ in refs}
+    for node, uri in refs:  # (grows while it is read)
         resource, _, fragment = uri.partition("#")
         fragment = urllib.parse.unquote(fragment)
         if resource not in resources:
@@ -87,6 +90,12 @@ def _hoist_refs(doc: dict[str, Any], keys: _KeyHint | None = None) -> dict[str, 
             _get(doc, pointer)
         except (KeyError, IndexError, ValueError):
             continue
+        if pointer not in targets:
+            for inner in _nodes(_get(doc, pointer)):
+                if (isinstance(inner, dict) and isinstance(inner.get("$ref"), str)
+                        and id(inner) not in collected):
+                    collected.add(id(inner))
+                    refs.append((inner, _absolute(root_base, inner["$ref"])))
         name = targets.setdefault(pointer, f"pg{len(targets)}")
         node["$ref"] = f"#/$defs/{name}"
     resolved = {f"#/$defs/{n}" for n in targets.values()}

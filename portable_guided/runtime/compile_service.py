@@ -4,6 +4,7 @@ byte-bounded memory cache, optional on-disk cache, failure cache, real time limi
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -106,6 +107,29 @@ UPGRADE_NICE = 10
 #: open objects, 0.5-1 s, landed after twice that).
 UPGRADE_COMPILES_HERE = True
 
+#: The niceness of the thread that warms the upgrade engine's shared token masks at start
+#: (``prewarm=True``): the lowest, so that it takes only the CPU nothing else wants.
+PREWARM_NICE = 19
+
+#: At interpreter exit, how long to wait for each prewarm to finish the schema it is
+#: compiling (a thread left inside xgrammar's compile while the interpreter finalizes can
+#: abort the process; the largest schema compiles in about 2.3 s).
+PREWARM_EXIT_WAIT_S = 30.0
+
+#: Running prewarm threads and their stop events (stopped and waited for at exit).
+_PREWARMS: dict[threading.Thread, threading.Event] = {}
+
+
+def _stop_prewarms() -> None:
+    running = list(_PREWARMS.items())
+    for _, stop in running:
+        stop.set()
+    for thread, _ in running:
+        thread.join(timeout=PREWARM_EXIT_WAIT_S)
+
+
+atexit.register(_stop_prewarms)
+
 #: Upgrade outcomes remembered, so that each spec is tried once (the oldest forgotten).
 _UPGRADES_KEPT = 4096
 
@@ -195,6 +219,13 @@ class CompileService:
     docs/json_schema.md), except with ``any_whitespace=False`` (each engine lays out
     compact JSON its own way). A spec the engine refuses, or that compiles too slowly, keeps
     its grammar. :meth:`upgrade_state` says how a spec's upgrade went.
+
+    ``prewarm=True`` (with the upgrades on): at start, a background thread at nice
+    :data:`PREWARM_NICE` compiles small schemas whose rules recur in real-world schemas
+    (length bounds, formats, open objects' names) with the upgrade engine, so that their
+    token masks are in its compiler cache before a new schema's upgrade needs them
+    (``engines.xgrammar_prewarm``); :attr:`prewarm_done` is set when it ends (done, or
+    stopped by :meth:`close` once the schema it was compiling is).
     """
 
     def __init__(
@@ -214,6 +245,7 @@ class CompileService:
         race: bool = False,
         local_patience_s: float = LOCAL_PATIENCE_S,
         upgrade: bool = False,
+        prewarm: bool = False,
     ) -> None:
         if engine != "auto" and engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose from {['auto', *ENGINES]}")
@@ -276,6 +308,18 @@ class CompileService:
             # hold the GIL for 100-200 ms: not while serving.)
             for name in self.order:
                 self._threads.submit(self._warm_engine, name)
+        #: Set when the background prewarm ended (finished, or stopped by :meth:`close`);
+        #: set at once without one.
+        self.prewarm_done = threading.Event()
+        self._prewarm_stop = threading.Event()
+        self._prewarm_thread: threading.Thread | None = None
+        if self._upgrade and prewarm:
+            self._prewarm_thread = threading.Thread(target=self._prewarm, name="pg-prewarm",
+                                                    daemon=True)
+            _PREWARMS[self._prewarm_thread] = self._prewarm_stop
+            self._prewarm_thread.start()
+        else:
+            self.prewarm_done.set()
 
     # -- engines ---------------------------------------------------------------------------
     def engine(self, name: str) -> Engine:
@@ -293,6 +337,20 @@ class CompileService:
         """Build this process's engines now (see :meth:`GrammarRuntime.warm`)."""
         for name in self.order:
             self.engine(name)
+
+    def _prewarm(self) -> None:
+        _lower_thread_priority(PREWARM_NICE)
+        try:
+            from .engines.xgrammar_prewarm import prewarm
+
+            compiled, failed = prewarm(self.engine(UPGRADE_ENGINE), self._prewarm_stop)
+            self.metrics.inc("prewarm_compiled", compiled)
+            self.metrics.inc("prewarm_failed", failed)
+        except Exception as exc:  # noqa: BLE001 - a warm-up never fails the runtime
+            log.info("the %s prewarm stopped: %s", UPGRADE_ENGINE, exc)
+        finally:
+            _PREWARMS.pop(threading.current_thread(), None)
+            self.prewarm_done.set()
 
     def _warm_engine(self, name: str) -> None:
         try:
@@ -323,6 +381,7 @@ class CompileService:
         """Stop the workers and the compile threads; every pending compile fails at once
         with :class:`RuntimeClosed`, and later submits are refused."""
         self._closed = True
+        self._prewarm_stop.set()
         with self._inflight_lock:
             pending = list(self._inflight.values())
             self._inflight.clear()
@@ -796,12 +855,13 @@ class _Attempt:
         service._settle(self.key, self.spec, self.fut, None, self.errors)
 
 
-def _lower_thread_priority() -> None:
-    """Lower the calling thread's priority to the long lane's (Linux, where a thread has
-    its own nice value; elsewhere a no-op)."""
+def _lower_thread_priority(nice: int = UPGRADE_NICE) -> None:
+    """Lower the calling thread's priority to ``nice`` (default: the long lane's; Linux,
+    where a thread has its own nice value and threads it starts inherit it; elsewhere a
+    no-op)."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), UPGRADE_NICE)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
 def _recompile(engine: Engine, spec: GrammarSpec, text: Any) -> Any:

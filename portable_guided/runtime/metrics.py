@@ -61,7 +61,7 @@ class Metrics:
         "rollbacks", "fill_steps", "fill_rows", "forced_stops", "races_won_here",
         "race_runaways", "race_lane_full", "cache_entries_rejected", "cache_problems",
         "cache_hits_shared_failure", "upgrades", "upgrade_failures", "upgrades_dropped",
-        "handovers", "handovers_failed",
+        "handovers", "handovers_failed", "prewarm_compiled", "prewarm_failed",
     )
     #: Timings every runtime reports, even before their first sample.
     TIMINGS = ("compile", "compile_wait", "fill")

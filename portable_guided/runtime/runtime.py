@@ -72,6 +72,11 @@ class GrammarRuntime:
     ready; later requests get xgrammar's faster masks, and running ones move to them at
     their next mask (``CompileService``, ``Request.fill_target``; docs/latency.md, "Engine
     upgrades");
+    ``engine_prewarm`` (default on, with the upgrades): at start, a background thread at
+    the lowest priority compiles the rules that recur across JSON schemas (length bounds,
+    formats, open objects' names) with xgrammar, about 20 s of one core and 245 MiB of its
+    compiler cache, so that a new schema's upgrade finds their token masks computed
+    (docs/latency.md, "Engine upgrades");
     ``compile_race=True`` races each worker compile with the same compile in this process
     for about one compile's latency instead of the worker's round trip (it costs a second
     core per compile and can leave a never-ending compile running in this process: see
@@ -97,6 +102,7 @@ class GrammarRuntime:
         cache_secret: str | bytes | None = None,
         cache_shared: bool | None = None,
         engine_upgrade: bool = True,
+        engine_prewarm: bool = True,
     ) -> None:
         if isinstance(tokenizer_info, str):
             tokenizer_info = load_tokenizer_info(tokenizer_info)
@@ -121,7 +127,7 @@ class GrammarRuntime:
             workers=compile_workers, fill_threads=fill_threads, cache_bytes=cache_bytes,
             disk_cache_dir=disk_cache_dir, failure_ttl_s=failure_ttl_s,
             local_below_s=local_recompile_below_s, metrics=self.metrics_sink,
-            race=compile_race, upgrade=engine_upgrade,
+            race=compile_race, upgrade=engine_upgrade, prewarm=engine_prewarm,
         )
         self._executor = ThreadPoolExecutor(4, thread_name_prefix="pg-runtime")
         self._serials = iter(range(1 << 62))

@@ -568,7 +568,10 @@ class WorkerPool:
                 return
             self._starting += 1
             self._spawners = [t for t in self._spawners if t.is_alive()] + [thread]
-        thread.start()
+            # Started under the lock: close() joins every thread listed, and joining one
+            # not yet started raises (start() returns once the thread runs; _spawn takes
+            # the lock only later).
+            thread.start()
 
     def _top_up(self) -> None:
         """Start the workers the pool lacks (a start that failed, a replacement that did

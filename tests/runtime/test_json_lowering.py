@@ -964,3 +964,38 @@ def test_values_beside_type_alone_keep_those_of_the_type(schema):
         assert _valid(lower(as_property), x) == _valid(as_property, x), x
     required = {**as_property, "required": ["p"]}
     assert (lower(required) is False) == (not typed)
+
+
+#: Azure's resource schemas (MaskBench Github_medium o1707): a `$ref` to a definition kept
+#: under a keyword of no draft, whose own subschemas refer to `#/definitions/...`.
+CUSTOM_LOCATION = {
+    "$schema": "http://json-schema.org/draft-04/schema#",
+    "tenant_resourceDefinitions": {"group": {
+        "type": "object", "required": ["name"],
+        "properties": {"name": {"type": "string"},
+                       "resources": {"type": "array", "items": {"oneOf": [
+                           {"$ref": "#/definitions/child"}]}}}}},
+    "definitions": {"child": {"type": "object", "required": ["type"],
+                              "properties": {"type": {"enum": ["subscriptions"]}}}},
+    "type": "object", "required": ["group"],
+    "properties": {"group": {"$ref": "#/tenant_resourceDefinitions/group"},
+                   "child": {"$ref": "#/definitions/child"}},
+}
+CUSTOM_LOCATION_INSTANCES = [
+    {"group": {"name": "g"}}, {"group": {"name": "g", "resources": [{"type": "subscriptions"}]}},
+    {"group": {"name": "g", "resources": [{"type": "x"}]}}, {"group": {"name": "g",
+                                                                       "resources": [{}]}},
+    {"group": {}}, {"group": {"name": "g"}, "child": {"type": "subscriptions"}},
+    {"group": {"name": "g"}, "child": {}}, {}]
+
+
+def test_references_inside_a_target_at_a_custom_location_are_resolved():
+    """A target under a keyword of no draft is hoisted with the references inside it
+    resolved too: they named `#/definitions/...`, which hoisting drops, so xgrammar failed
+    ("Cannot find field definitions"). The lowered schema decides as the schema does."""
+    lowered = lower(CUSTOM_LOCATION)
+    refs = [s["$ref"] for s in _subschemas(lowered) if isinstance(s, dict) and "$ref" in s]
+    assert refs and all(r.startswith("#/$defs/pg") for r in refs), refs
+    assert "definitions" not in json.dumps(lowered).replace("tenant_resourceDefinitions", "")
+    for x in CUSTOM_LOCATION_INSTANCES:
+        assert _valid(lowered, x) == _valid(CUSTOM_LOCATION, x), (x, lowered)

@@ -367,3 +367,15 @@ def test_xgrammar_enforces_values_of_no_declared_type(runtimes):
     for x in [{}, {"a": "x"}, {"r": "code"}, {"r": ["code"]}, {"a": "x", "r": []}, {"z": 1}]:
         got = decide_text(runtimes["xgrammar"], schema, json.dumps(x))
         assert got == _valid(schema, x), (x, got)
+
+
+def test_xgrammar_enforces_references_inside_a_target_at_a_custom_location(runtimes):
+    """Azure's `#/tenant_resourceDefinitions/...` targets that refer to `#/definitions/...`
+    (MaskBench Github_medium o1707): xgrammar failed on the reference the hoisting left;
+    now it decides every text as the validator does."""
+    from test_json_lowering import CUSTOM_LOCATION, CUSTOM_LOCATION_INSTANCES
+
+    validator = jsonschema.Draft4Validator(CUSTOM_LOCATION)
+    for x in CUSTOM_LOCATION_INSTANCES:
+        got = decide_text(runtimes["xgrammar"], CUSTOM_LOCATION, json.dumps(x))
+        assert got == validator.is_valid(x), (x, got)

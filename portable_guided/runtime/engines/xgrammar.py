@@ -240,15 +240,22 @@ class XGrammarEngine(Engine):
 
     def compile_prepared(self, prepared: tuple[str, bool]) -> Any:
         """Compile what :meth:`prepare` returned (no check again)."""
+        return self._compile_text(self.prepared_ebnf(prepared))
+
+    def prepared_ebnf(self, prepared: tuple[str, bool]) -> str:
+        """The EBNF text :meth:`compile_prepared` compiles (before the surrogates step of
+        every compile) for what :meth:`prepare` returned: xgrammar's grammar of the schema
+        with the ways out of declared names shared (xgrammar_free_names), corrected where
+        its rules are narrower or wider than the schema (:meth:`_compile_corrected`)."""
         text, any_whitespace = prepared
         exact: dict[str, str] = {}
         marked = exact_placeholders(text, exact)
         grammar = self._xgr.Grammar.from_json_schema(marked, any_whitespace=any_whitespace,
                                                      strict_mode=False)
         ebnf = share_free_name_tails(str(grammar))
-        if not exact and not _native_lengths(text):
-            return self._compile_text(ebnf)
-        return self._compile_corrected(ebnf, exact)
+        if exact or _native_lengths(text):
+            ebnf = substitute_exact(json_char_rule_fixed(ebnf), exact)
+        return ebnf
 
     def _compile_text(self, ebnf: str) -> Any:
         # Every grammar is compiled from its text, with no UTF-16 surrogate in any negated
@@ -258,11 +265,11 @@ class XGrammarEngine(Engine):
             exclude_surrogates(ebnf)))
 
     def _compile_corrected(self, ebnf: str, exact: dict[str, str]) -> Any:
-        # xgrammar's grammar text, corrected where its rules are narrower or wider than the
-        # schema: number ranges (at most 6 fraction digits there) and short minLength
-        # strings (no escapes there) become our exact rules (xgrammar_exact), and the
-        # character rule of other length bounds (a pattern up to 128 by now), which lets
-        # raw control characters in, is fixed.
+        """Compile xgrammar's grammar text corrected where its rules are narrower or wider
+        than the schema: number ranges (at most 6 fraction digits there) and short
+        minLength strings (no escapes there) become our exact rules (xgrammar_exact), and
+        the character rule of other length bounds (a pattern up to 128 by now), which lets
+        raw control characters in, is fixed."""
         return self._compile_text(substitute_exact(json_char_rule_fixed(ebnf), exact))
 
     def _compile_structural_tag(self, data: dict[str, Any]) -> Any:

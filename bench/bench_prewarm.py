@@ -1,0 +1,91 @@
+"""The runtime's start-up prewarm of xgrammar's shared token masks
+(``engines/xgrammar_prewarm.py``): MaskBench schemas compiled one after another on one
+xgrammar engine (as the runtime's engine upgrades run), without the prewarm and after it,
+each in a fresh process: the total, the compile-time percentiles and the schemas over 30
+and 100 ms, and what the prewarm itself cost (seconds, compiler-cache MiB). The same
+schemas in the same order both ways.
+
+    PYTHONPATH=. python bench/bench_prewarm.py --skip 120 --limit 40 \\
+        --json bench/results/prewarm_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+FILES = "../shared/data/maskbench/*.jsonl"
+
+
+def run_one(prewarmed: bool, skip: int, limit: int, tokenizer: str) -> dict[str, Any]:
+    """Compile the schemas on a new engine (in this process), after the prewarm or not."""
+    import logging
+
+    from portable_guided.harness.maskbench import load_records
+    from portable_guided.runtime import GrammarSpec, load_tokenizer_info
+    from portable_guided.runtime.engines.xgrammar import XGrammarEngine
+    from portable_guided.runtime.engines.xgrammar_prewarm import prewarm
+
+    logging.disable(logging.WARNING)
+    engine = XGrammarEngine.create(load_tokenizer_info(tokenizer))
+    row: dict[str, Any] = {"prewarm": prewarmed}
+    if prewarmed:
+        t0 = time.perf_counter()
+        compiled, failed = prewarm(engine)
+        row |= {"prewarm_s": round(time.perf_counter() - t0, 1), "prewarm_compiled": compiled,
+                "prewarm_failed": failed,
+                "prewarm_cache_mib": engine._compiler.get_cache_size_bytes() >> 20}
+    times = []
+    for path in sorted(glob.glob(FILES)):
+        for rec in load_records([path])[skip:skip + limit]:
+            try:
+                prepared = engine.prepare(GrammarSpec.json_schema(rec["schema"]))
+                t0 = time.perf_counter()
+                engine.compile_prepared(prepared)
+            except Exception:  # noqa: BLE001, S112 - refused or failed: not an upgrade
+                continue
+            times.append(time.perf_counter() - t0)
+    ms = np.asarray(times) * 1e3
+    return row | {"schemas": len(times), "total_s": round(ms.sum() / 1e3, 2),
+                  "p50_ms": round(float(np.percentile(ms, 50)), 2),
+                  "p90_ms": round(float(np.percentile(ms, 90)), 1),
+                  "p99_ms": round(float(np.percentile(ms, 99)), 1),
+                  "over_30ms": int((ms > 30).sum()), "over_100ms": int((ms > 100).sum())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--skip", type=int, default=120, help="schemas skipped per file")
+    ap.add_argument("--limit", type=int, default=40, help="schemas per file")
+    ap.add_argument("--tokenizer", default="deepseek")
+    ap.add_argument("--one", choices=["cold", "prewarmed"], help=argparse.SUPPRESS)
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args()
+    if args.one is not None:
+        print(json.dumps(run_one(args.one == "prewarmed", args.skip, args.limit,
+                                 args.tokenizer)))
+        return
+    rows = []
+    for way in ("cold", "prewarmed"):
+        out = subprocess.run([sys.executable, __file__, "--one", way, "--skip", str(args.skip),
+                              "--limit", str(args.limit), "--tokenizer", args.tokenizer],
+                             capture_output=True, text=True, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(rows[-1], flush=True)
+    if args.json:
+        from portable_guided.harness.maskbench import machine_note, write_results
+
+        write_results(args.json, {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
+                                  "machine": machine_note(), "tokenizer": args.tokenizer,
+                                  "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
