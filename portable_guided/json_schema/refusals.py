@@ -285,8 +285,11 @@ def _names_of_two_schemas(node: Mapping[str, Any]) -> Iterator[str]:
     if not isinstance(patterns, Mapping) or not patterns:
         return
     props = node.get("properties")
-    for name in props if isinstance(props, Mapping) else ():
-        matched = [p for p in patterns if may_match(p, name)]
+    if not isinstance(props, Mapping):
+        props = {}
+    for name in props:
+        # (one schema for all of them: checking one is checking all)
+        matched = [p for p in patterns if may_match(p, name) and patterns[p] != props[name]]
         if matched:
             yield (f"property {name[:30]!r} matches patternProperties {matched[0][:30]!r}: "
                    "xgrammar checks its value against one schema, not both")

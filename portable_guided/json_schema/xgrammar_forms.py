@@ -26,6 +26,7 @@ from .walk import _children_mapped, _map_bottom_up, _nodes, iter_schemas, map_sc
 from .xgrammar_patterns import (
     LARGEST_JSON_REPEAT,
     MAX_ESCAPED_MIN_LENGTH,
+    decides_match,
     ends_anchored,
     exact_pattern,
     hoisted_anchors,
@@ -60,9 +61,13 @@ def declared_required(schema: Any) -> Any:
     (``{}`` where that is absent or true). The same language (a name's value is checked by
     ``properties`` instead of ``additionalProperties``, which then no longer applies to it),
     written so that xgrammar 0.2.8 enforces the name: it ignores a required name that
-    ``properties`` lacks. Only on objects typed ``"object"`` with no ``patternProperties``
-    (whose matching names would need a search here) and ``additionalProperties`` absent, true
-    or a schema; not where ``unevaluated*`` would see the names this declares."""
+    ``properties`` lacks. A name one of the ``patternProperties`` matches gets that
+    pattern's schema instead (the value is checked against it either way); where several
+    match, or where a pattern cannot be decided on the name (:func:`.decides_match`), the
+    object is left as it is. Only on objects typed ``"object"``; not where
+    ``unevaluated*`` would see the names this declares. A name no pattern matches beside
+    ``additionalProperties: false`` can never be there: the object accepts nothing
+    (``false``)."""
     nodes = [node for _, node in iter_schemas(schema)]
     if (not any(_declare_required(node) is not node for node in nodes)
             or any(k.startswith("unevaluated") for node in nodes for k in node)):
@@ -70,19 +75,30 @@ def declared_required(schema: Any) -> Any:
     return map_schemas(schema, _declare_required)
 
 
-def _declare_required(node: Mapping[str, Any]) -> Mapping[str, Any]:
+def _declare_required(node: Mapping[str, Any]) -> Mapping[str, Any] | bool:
     required = node.get("required")
     props = node.get("properties", {})
     rest = node.get("additionalProperties", True)
+    patterns = node.get("patternProperties", {})
     if (node.get("type") != "object" or not isinstance(required, list)
-            or "patternProperties" in node or not isinstance(props, Mapping)
-            or not (rest is True or isinstance(rest, Mapping))):
+            or not isinstance(patterns, Mapping) or not isinstance(props, Mapping)
+            or not isinstance(rest, (bool, Mapping))):
         return node
-    missing = [n for n in required if isinstance(n, str) and n not in props]
+    missing = [n for n in dict.fromkeys(required) if isinstance(n, str) and n not in props]
     if not missing:
         return node
-    value = dict(rest) if isinstance(rest, Mapping) else {}
-    return {**node, "properties": {**props, **{n: value for n in dict.fromkeys(missing)}}}
+    added: dict[str, Any] = {}
+    for name in missing:
+        decided = [decides_match(p, name) for p in patterns]
+        if None in decided or decided.count(True) > 1:
+            return node
+        if True in decided:
+            added[name] = patterns[list(patterns)[decided.index(True)]]
+        elif rest is False:
+            return False
+        else:
+            added[name] = dict(rest) if isinstance(rest, Mapping) else {}
+    return {**node, "properties": {**props, **added}}
 
 
 def typed_values(schema: Any) -> Any:

@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterator
 
 __all__ = ["LARGEST_JSON_REPEAT", "MAX_ESCAPED_MIN_LENGTH", "ends_anchored", "exact_pattern",
-           "hoisted_anchors", "interior_anchor", "largest_repeat", "may_match",
+           "decides_match", "hoisted_anchors", "interior_anchor", "largest_repeat", "may_match",
            "names_control_character", "needs_escaped_character", "patterns_disjoint",
            "top_level_branches", "unwrapped"]
 
@@ -193,9 +193,10 @@ def _literal_ends(pattern: str) -> tuple[str, str]:
     """The text every match of ``pattern`` starts with and ends with (as a whole-string
     match: only an anchored side has one), read from its plain characters (groups seen
     through) up to the first construct that is not one (a class, ``.``, ``\\d``, anything
-    repeated). Empty for a side not anchored, and for both sides when ``pattern`` has a
-    ``|`` or a ``(?`` other than ``(?:`` (whose reach this does not read)."""
-    if "|" in pattern or re.search(r"\(\?(?!:)", pattern):
+    repeated, a group with a ``|`` in it). Empty for a side not anchored, and for both
+    sides when ``pattern`` has a ``|`` outside every group or a ``(?`` other than ``(?:``
+    (whose reach this does not read)."""
+    if re.search(r"\(\?(?!:)", pattern) or len(top_level_branches(pattern)) > 1:
         return "", ""
     atoms: list[str | None] = []  # a literal character, or None for anything else
     opened: list[int] = []  # where each open group starts in `atoms`
@@ -209,6 +210,14 @@ def _literal_ends(pattern: str) -> tuple[str, str]:
             i = (end if end >= 0 else len(pattern)) + 1
             continue
         if c == "(":
+            close = _group_close(pattern, i)
+            if close is None:
+                return "", ""
+            if "|" in (c for _, c in _plain_characters(pattern[i + 1:close])):
+                last = len(atoms)  # (alternatives: no fixed text, but what precedes holds)
+                atoms.append(None)
+                i = close + 1
+                continue
             opened.append(len(atoms))
             i += 3 if pattern.startswith("(?:", i) else 1
             continue
@@ -242,6 +251,20 @@ def _literal_ends(pattern: str) -> tuple[str, str]:
     return (plain(body) if start else "", plain(body[::-1])[::-1] if end else "")
 
 
+def _group_close(pattern: str, start: int) -> int | None:
+    """Index of the ``)`` closing the group that opens at ``start`` (None: unreadable or
+    never closed)."""
+    depth = 0
+    try:
+        for i, c in _plain_characters(pattern[start:]):
+            depth += (c == "(") - (c == ")")
+            if depth == 0:
+                return start + i
+    except _Unreadable:
+        return None
+    return None
+
+
 def ends_anchored(pattern: str) -> bool:
     """Whether ``pattern`` ends with the ``$`` anchor (not an escaped ``\\$``)."""
     body = pattern[:-1]
@@ -265,6 +288,25 @@ def may_match(pattern: str, name: str) -> bool:
         return re.search(pattern, name) is not None
     except (re.error, RecursionError, OverflowError):
         return True
+
+
+def decides_match(pattern: str, name: str) -> bool | None:
+    r"""Whether the ECMA-262 regex ``pattern`` finds a match in ``name``, where Python's
+    ``re`` reads both alike: an ASCII ``name`` with no line break (where ``\w``, ``\d``,
+    ``\s`` and ``$`` mean the same in both) and a pattern in the syntax both share (no
+    lookbehind, named group or inline flag, and no escape of a letter whose meaning
+    differs: Python's ``\A`` is an anchor, ECMA-262's the letter; nor what Python warns
+    it may read as a set operation some day, ``[[``, ``--``, ``&&``, ``~~``, ``||``). None
+    where that does not hold."""
+    if (not name.isascii() or "\n" in name or "\r" in name
+            or any(op in pattern for op in ("[[", "--", "&&", "~~", "||"))
+            or re.search(r"\(\?(?![:=!])", pattern)
+            or re.search(r"\\[A-Za-z]", re.sub(r"\\[dDwWsSbBnrtfvux\\]", "", pattern))):
+        return None
+    try:
+        return re.search(pattern, name) is not None
+    except (re.error, RecursionError, OverflowError):
+        return None
 
 
 def top_level_branches(pattern: str) -> list[str]:

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from portable_guided.json_schema.xgrammar_forms import pattern_with_lengths, search_pattern
-from portable_guided.json_schema.xgrammar_patterns import patterns_disjoint
+from portable_guided.json_schema.xgrammar_patterns import decides_match, patterns_disjoint
 from portable_guided.runtime.json_semantics import xgrammar_exact_strings as exact_schema_patterns
 from portable_guided.runtime.xgrammar_patterns import exact_pattern, needs_escaped_character
 
@@ -255,7 +255,8 @@ def test_one_class_patterns_take_their_length_bounds():
 
 
 def _random_name_pattern(rng: random.Random) -> str:
-    atoms = ["a", "b", "_", r"\.", "a", "b", "[ab]", ".", "(ab)", "(a_)?", "(?:b)"]
+    atoms = ["a", "b", "_", r"\.", "a", "b", "[ab]", ".", "(ab)", "(a_)?", "(?:b)", "(a|b_)",
+             "(?:_|ab)", "(b|(a|_))"]
     body = "".join(a + ("" if a.endswith("?") else rng.choice(["", "", "", "*", "+", "?", "{2}"]))
                    for a in (rng.choice(atoms) for _ in range(rng.randint(1, 4))))
     return rng.choice(["^", "^", ""]) + body + rng.choice(["$", "$", ""])
@@ -279,3 +280,25 @@ def test_patterns_disjoint_only_where_no_name_matches_both():
     assert patterns_disjoint("^BIOS$", "^BIO$")
     assert not patterns_disjoint("^a.*$", "^.*b$") and not patterns_disjoint("^(a|b)", "^c")
     assert not patterns_disjoint("^(ab)?c$", "^c$")
+    # The fixed text before a group of alternatives holds (MaskBench-like Github_hard o12334).
+    assert patterns_disjoint("^name:(en|nl|pt)$", "^displayName:(en|nl|pt)$")
+    assert not patterns_disjoint("^a(b|c)$", "^a(c|d)$") and not patterns_disjoint("a|b", "^c")
+
+
+@pytest.mark.parametrize(("pattern", "name", "expected"), [
+    ("^name:(en|nl|pt)$", "name:en", True),
+    ("^name:(en|nl|pt)$", "name:de", False),
+    ("^x-", "x-rate", True),
+    (r"\d{2}$", "ab12", True),
+    (r"^[a-z]+(?=_)", "ab_c", True),
+    # Read otherwise by one of them: not decided here.
+    (r"\Aab", "ab", None),  # Python: an anchor; ECMA-262: the letter A
+    (r"\p{L}", "a", None),  # ECMA-262 (u flag): a letter; Python: an error
+    ("(?i)ab", "AB", None),  # an inline flag ECMA-262 does not have
+    (r"(?<=a)b", "ab", None),
+    ("[[a]b", "ab", None),  # a nested set some day, for Python
+    (r"^\w+$", "é", None),  # \w: Unicode letters for Python, ASCII for ECMA-262
+    ("^a$", "a\n", None),  # $: before a final newline for Python
+])
+def test_decides_match_only_where_python_and_ecma_read_alike(pattern, name, expected):
+    assert decides_match(pattern, name) is expected
