@@ -34,7 +34,7 @@ from .xgrammar_patterns import (
     unwrapped,
 )
 
-__all__ = ["declared_required", "length_pattern", "lengths_implied", "typed_values", "pattern_with_lengths", "search_pattern", "structured_values_text",
+__all__ = ["declared_required", "length_pattern", "lengths_implied", "typed_values", "pattern_with_lengths", "search_pattern", "structured_values_text", "whole_match_pattern",
            "xgrammar_exact_strings"]
 
 
@@ -248,10 +248,27 @@ def pattern_with_lengths(pattern: str, low: int, high: int | None) -> str | None
     return f"^{atom}{{{lo},{'' if hi is None else hi}}}$"
 
 
+def whole_match_pattern(pattern: str, low: int, high: int | None) -> str | None:
+    """``^(?:pattern)$`` where every match of the ``pattern``, which has no anchor, is
+    ``high`` characters long, ``maxLength`` (``[a-zA-Z]{3}`` with ``minLength`` and
+    ``maxLength`` 3): a string that long at most holds such a match only as all of it, so the
+    search is a whole-string match and the bounds say nothing more. ``None`` otherwise
+    (other widths, anchors, syntax Python reads differently from ECMA-262)."""
+    if high is None or low > high or _NOT_MEASURED.search(pattern) or re.search(
+            r"(?<!\\)[$^]", re.sub(r"\[(?:\\.|[^\]])*\]", "", pattern)):
+        return None
+    try:
+        least, most = _sre_parser.parse(pattern).getwidth()
+    except Exception:  # noqa: BLE001 - not read by Python's parser: not certain
+        return None
+    return f"^(?:{pattern})$" if least == most == high else None
+
+
 #: Syntax whose meaning differs between Python's ``re`` (which measures the widths below) and
 #: ECMA-262: ``{,n}`` (a literal there), ``\A``/``\Z``/``\z``, groups with ``(?``
-#: other than ``(?:``, back-references and UTF-16 surrogate escapes.
-_NOT_MEASURED = re.compile(r"\{,|\\[AZz1-9]|\(\?(?!:)|\\u[dD][89a-fA-F]")
+#: other than ``(?:``, back-references and UTF-16 surrogate escapes; and what Python warns
+#: it may read as a set operation some day (``[[``, ``--``, ``&&``, ``~~``, ``||``).
+_NOT_MEASURED = re.compile(r"\{,|\\[AZz1-9]|\(\?(?!:)|\\u[dD][89a-fA-F]|\[\[|--|&&|~~|\|\|")
 
 
 def lengths_implied(pattern: str, low: int, high: int | None) -> bool:
@@ -350,7 +367,10 @@ def xgrammar_exact_strings(schema: Any) -> tuple[Any, list[str]]:
             if pattern is not None:
                 out["pattern"] = pattern
         beside = _pattern_lengths(out)
-        if beside is not None and lengths_implied(out["pattern"], *beside):
+        whole = None if beside is None else whole_match_pattern(out["pattern"], *beside)
+        if whole is not None:
+            out["pattern"] = whole
+        if beside is not None and (whole is not None or lengths_implied(out["pattern"], *beside)):
             out.pop("minLength", None)
             out.pop("maxLength", None)
             beside = None

@@ -10,7 +10,11 @@ import re
 
 import pytest
 
-from portable_guided.json_schema.xgrammar_forms import pattern_with_lengths, search_pattern
+from portable_guided.json_schema.xgrammar_forms import (
+    pattern_with_lengths,
+    search_pattern,
+    whole_match_pattern,
+)
 from portable_guided.json_schema.xgrammar_patterns import decides_match, patterns_disjoint
 from portable_guided.runtime.json_semantics import xgrammar_exact_strings as exact_schema_patterns
 from portable_guided.runtime.xgrammar_patterns import exact_pattern, needs_escaped_character
@@ -302,3 +306,31 @@ def test_patterns_disjoint_only_where_no_name_matches_both():
 ])
 def test_decides_match_only_where_python_and_ecma_read_alike(pattern, name, expected):
     assert decides_match(pattern, name) is expected
+
+
+def test_a_pattern_of_one_width_with_that_maxlength_is_a_whole_string_match():
+    """A string at most k characters long that holds a match of exactly k characters is
+    that match (Github_ultra o13020: ``[a-zA-Z]{3}`` with minLength and maxLength 3): the
+    search becomes a whole-string match, and xgrammar accepts exactly the strings of the
+    pattern within the bounds. Random unanchored patterns of the atoms above."""
+    rng = random.Random(11)
+    folded = 0
+    for _ in range(1200):
+        pattern = _random_regex(rng)
+        try:
+            widths = re.compile(pattern)
+        except re.error:
+            continue
+        high = rng.choice([1, 2, 3, 4])
+        low = rng.choice([0, 1, high])
+        if whole_match_pattern(pattern, low, high) is None:
+            continue
+        folded += 1
+        schema = {"type": "string", "pattern": pattern, "minLength": low, "maxLength": high}
+        want = {s for s in STRINGS if widths.search(s) and low <= len(s) <= high}
+        assert _xgrammar_accepts_schema(schema) == want, schema
+    assert folded > 20, folded
+    assert whole_match_pattern("[a-zA-Z]{3}", 3, 3) == "^(?:[a-zA-Z]{3})$"
+    assert whole_match_pattern("[a-zA-Z]{3}", 0, 4) is None  # "1abc" holds a match too
+    assert whole_match_pattern("a|bc", 2, 2) is None  # two widths
+    assert whole_match_pattern("a(?=b)", 1, 1) is None  # a lookahead: not measured
