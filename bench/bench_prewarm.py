@@ -12,24 +12,20 @@ schemas in the same order both ways.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import subprocess
 import sys
 import time
 from typing import Any
 
-import numpy as np
-
-FILES = "../shared/data/maskbench/*.jsonl"
+from bench_compiler_cache import compiled_in_a_row  # (this script's folder is on the path)
 
 
 def run_one(prewarmed: bool, skip: int, limit: int, tokenizer: str) -> dict[str, Any]:
     """Compile the schemas on a new engine (in this process), after the prewarm or not."""
     import logging
 
-    from portable_guided.harness.maskbench import load_records
-    from portable_guided.runtime import GrammarSpec, load_tokenizer_info
+    from portable_guided.runtime import load_tokenizer_info
     from portable_guided.runtime.engines.xgrammar import XGrammarEngine
     from portable_guided.runtime.engines.xgrammar_prewarm import prewarm
 
@@ -42,22 +38,7 @@ def run_one(prewarmed: bool, skip: int, limit: int, tokenizer: str) -> dict[str,
         row |= {"prewarm_s": round(time.perf_counter() - t0, 1), "prewarm_compiled": compiled,
                 "prewarm_failed": failed,
                 "prewarm_cache_mib": engine._compiler.get_cache_size_bytes() >> 20}
-    times = []
-    for path in sorted(glob.glob(FILES)):
-        for rec in load_records([path])[skip:skip + limit]:
-            try:
-                prepared = engine.prepare(GrammarSpec.json_schema(rec["schema"]))
-                t0 = time.perf_counter()
-                engine.compile_prepared(prepared)
-            except Exception:  # noqa: BLE001, S112 - refused or failed: not an upgrade
-                continue
-            times.append(time.perf_counter() - t0)
-    ms = np.asarray(times) * 1e3
-    return row | {"schemas": len(times), "total_s": round(ms.sum() / 1e3, 2),
-                  "p50_ms": round(float(np.percentile(ms, 50)), 2),
-                  "p90_ms": round(float(np.percentile(ms, 90)), 1),
-                  "p99_ms": round(float(np.percentile(ms, 99)), 1),
-                  "over_30ms": int((ms > 30).sum()), "over_100ms": int((ms > 100).sum())}
+    return row | compiled_in_a_row(engine, skip, limit)
 
 
 def main() -> None:
