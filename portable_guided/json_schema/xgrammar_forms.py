@@ -34,7 +34,7 @@ from .xgrammar_patterns import (
     unwrapped,
 )
 
-__all__ = ["declared_required", "length_pattern", "lengths_implied", "typed_values", "pattern_with_lengths", "search_pattern", "structured_values_text", "whole_match_pattern",
+__all__ = ["declared_required", "false_refs_inlined", "length_pattern", "lengths_implied", "typed_values", "pattern_with_lengths", "search_pattern", "structured_values_text", "whole_match_pattern",
            "xgrammar_exact_strings"]
 
 
@@ -73,6 +73,41 @@ def declared_required(schema: Any) -> Any:
             or any(k.startswith("unevaluated") for node in nodes for k in node)):
         return schema
     return map_schemas(schema, _declare_required)
+
+
+def false_refs_inlined(schema: Any) -> Any:
+    """``schema`` with each ``$ref`` to a definition that is ``false`` replaced by ``false``
+    (the referring subschema accepts nothing either: every keyword beside a reference
+    applies too), those definitions dropped, and ``false`` taken out of ``anyOf``/``oneOf``
+    (it matches nothing, so it counts for no instance; none left: ``false``) and an
+    ``allOf`` holding it made ``false``. xgrammar 0.2.8 fails on a ``false`` definition or
+    branch ("Schema 'false' cannot accept any value") and reads ``false`` in place (a
+    property that must be absent, an array with no item)."""
+    defs = schema.get("$defs") if isinstance(schema, dict) else None
+    refs = ({f"#/$defs/{name}" for name, d in defs.items() if d is False}
+            if isinstance(defs, Mapping) else set())
+    if not refs and not any(False in node.get(k, ()) for _, node in iter_schemas(schema)
+                            for k in ("anyOf", "oneOf", "allOf")
+                            if isinstance(node.get(k), list)):
+        return schema
+
+    def inline(node: Mapping[str, Any]) -> Mapping[str, Any] | bool:
+        if node.get("$ref") in refs or False in (node.get("allOf") or ()):
+            return False
+        out = dict(node)
+        for key in ("anyOf", "oneOf"):
+            if isinstance(out.get(key), list) and False in out[key]:
+                out[key] = [b for b in out[key] if b is not False]
+                if not out[key]:
+                    return False
+        return out
+
+    out = map_schemas(schema, inline)
+    if isinstance(out, dict) and isinstance(out.get("$defs"), Mapping):
+        out["$defs"] = {k: v for k, v in out["$defs"].items() if v is not False}
+        if not out["$defs"]:
+            del out["$defs"]
+    return out
 
 
 def _declare_required(node: Mapping[str, Any]) -> Mapping[str, Any] | bool:

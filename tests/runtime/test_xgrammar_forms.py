@@ -390,3 +390,35 @@ def test_xgrammar_enforces_references_inside_a_target_at_a_custom_location(runti
     for x in CUSTOM_LOCATION_INSTANCES:
         got = decide_text(runtimes["xgrammar"], CUSTOM_LOCATION, json.dumps(x))
         assert got == validator.is_valid(x), (x, got)
+
+
+#: `false` where xgrammar fails on it: a definition a `$ref` names (with a keyword beside),
+#: `anyOf`/`oneOf` branches (all of them too), an `allOf` member.
+FALSE_PLACES = [
+    {"type": "object", "properties": {"a": {"$ref": "#/$defs/no", "description": "x"},
+                                      "b": {"type": "integer"}}, "$defs": {"no": False}},
+    {"type": "object", "properties": {"a": {"anyOf": [False, {"type": "string"}]},
+                                      "b": {"oneOf": [{"type": "integer"}, False]}}},
+    {"type": "object", "properties": {"a": {"anyOf": [False, False]},
+                                      "b": {"allOf": [{"type": "integer"}, False]}}},
+    {"type": "array", "items": {"$ref": "#/$defs/no"}, "$defs": {"no": False,
+                                                                 "yes": {"type": "integer"}}},
+]
+FALSE_INSTANCES = [{}, {"a": 1}, {"a": "x"}, {"b": 1}, {"b": "x"}, {"a": None, "b": 2}, [],
+                   [1], ["x"], 3]
+
+
+@pytest.mark.parametrize("schema", FALSE_PLACES)
+def test_false_where_xgrammar_fails_on_it_is_written_in_place(schema, runtimes):
+    """The same language (validator), with no `false` definition or branch left; and the
+    xgrammar engine, which failed on them ("Schema 'false' cannot accept any value"),
+    decides every instance as the validator does."""
+    from portable_guided.json_schema.xgrammar_forms import false_refs_inlined
+
+    written = false_refs_inlined(schema)
+    assert [_valid(written, x) for x in FALSE_INSTANCES] == [
+        _valid(schema, x) for x in FALSE_INSTANCES]
+    text = json.dumps(written)
+    assert '"no"' not in text and "[false" not in text and "false]" not in text, text
+    for x in FALSE_INSTANCES:
+        assert decide_text(runtimes["xgrammar"], schema, json.dumps(x)) == _valid(schema, x), x

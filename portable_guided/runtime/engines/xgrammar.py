@@ -15,6 +15,7 @@ from ...json_schema.refusals import unsound, xgrammar_escapes, xgrammar_unsuppor
 from ...json_schema.strict import xgrammar_open_schema
 from ...json_schema.xgrammar_forms import (
     declared_required,
+    false_refs_inlined,
     structured_values_text,
     typed_values,
     xgrammar_exact_strings,
@@ -225,7 +226,7 @@ class XGrammarEngine(Engine):
         if spec.option("any_whitespace", True):
             text = structured_values_text(text)
         schema = json.loads(text)
-        declared = typed_values(declared_required(schema))
+        declared = false_refs_inlined(typed_values(declared_required(schema)))
         if declared is not schema:
             schema, text = declared, json.dumps(declared)
         exact, unscanned = xgrammar_exact_strings(schema)
