@@ -26,9 +26,11 @@ from .walk import _children_mapped, _map_bottom_up, _nodes, iter_schemas, map_sc
 from .xgrammar_patterns import (
     LARGEST_JSON_REPEAT,
     MAX_ESCAPED_MIN_LENGTH,
+    PYTHON_SET_OPERATIONS,
     decides_match,
     ends_anchored,
     exact_pattern,
+    has_anchor,
     hoisted_anchors,
     top_level_branches,
     unwrapped,
@@ -289,8 +291,7 @@ def whole_match_pattern(pattern: str, low: int, high: int | None) -> str | None:
     ``maxLength`` 3): a string that long at most holds such a match only as all of it, so the
     search is a whole-string match and the bounds say nothing more. ``None`` otherwise
     (other widths, anchors, syntax Python reads differently from ECMA-262)."""
-    if high is None or low > high or _NOT_MEASURED.search(pattern) or re.search(
-            r"(?<!\\)[$^]", re.sub(r"\[(?:\\.|[^\]])*\]", "", pattern)):
+    if high is None or low > high or _NOT_MEASURED.search(pattern) or has_anchor(pattern):
         return None
     try:
         least, most = _sre_parser.parse(pattern).getwidth()
@@ -302,8 +303,9 @@ def whole_match_pattern(pattern: str, low: int, high: int | None) -> str | None:
 #: Syntax whose meaning differs between Python's ``re`` (which measures the widths below) and
 #: ECMA-262: ``{,n}`` (a literal there), ``\A``/``\Z``/``\z``, groups with ``(?``
 #: other than ``(?:``, back-references and UTF-16 surrogate escapes; and what Python warns
-#: it may read as a set operation some day (``[[``, ``--``, ``&&``, ``~~``, ``||``).
-_NOT_MEASURED = re.compile(r"\{,|\\[AZz1-9]|\(\?(?!:)|\\u[dD][89a-fA-F]|\[\[|--|&&|~~|\|\|")
+#: it may read as a set operation some day (:data:`.PYTHON_SET_OPERATIONS`).
+_NOT_MEASURED = re.compile("|".join([r"\{,|\\[AZz1-9]|\(\?(?!:)|\\u[dD][89a-fA-F]",
+                                     *map(re.escape, PYTHON_SET_OPERATIONS)]))
 
 
 def lengths_implied(pattern: str, low: int, high: int | None) -> bool:

@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterator
 
 __all__ = ["LARGEST_JSON_REPEAT", "MAX_ESCAPED_MIN_LENGTH", "ends_anchored", "exact_pattern",
-           "decides_match", "hoisted_anchors", "interior_anchor", "largest_repeat", "may_match",
+           "PYTHON_SET_OPERATIONS", "decides_match", "has_anchor", "hoisted_anchors", "interior_anchor", "largest_repeat", "may_match",
            "names_control_character", "needs_escaped_character", "patterns_disjoint",
            "top_level_branches", "unwrapped"]
 
@@ -290,6 +290,20 @@ def may_match(pattern: str, name: str) -> bool:
         return True
 
 
+#: What Python's ``re`` warns it may read as a set operation some day (ECMA-262 reads
+#: them as the characters): a pattern holding one is not read by Python here.
+PYTHON_SET_OPERATIONS = ("[[", "--", "&&", "~~", "||")
+
+
+def has_anchor(pattern: str) -> bool:
+    """Whether ``pattern`` has a ``^`` or ``$`` anchor anywhere (not escaped, not in a
+    class); True where it cannot be read."""
+    try:
+        return any(c in "^$" for _, c in _plain_characters(pattern))
+    except _Unreadable:
+        return True
+
+
 def decides_match(pattern: str, name: str) -> bool | None:
     r"""Whether the ECMA-262 regex ``pattern`` finds a match in ``name``, where Python's
     ``re`` reads both alike: an ASCII ``name`` with no line break (where ``\w``, ``\d``,
@@ -299,7 +313,7 @@ def decides_match(pattern: str, name: str) -> bool | None:
     it may read as a set operation some day, ``[[``, ``--``, ``&&``, ``~~``, ``||``). None
     where that does not hold."""
     if (not name.isascii() or "\n" in name or "\r" in name
-            or any(op in pattern for op in ("[[", "--", "&&", "~~", "||"))
+            or any(op in pattern for op in PYTHON_SET_OPERATIONS)
             or re.search(r"\(\?(?![:=!])", pattern)
             or re.search(r"\\[A-Za-z]", re.sub(r"\\[dDwWsSbBnrtfvux\\]", "", pattern))):
         return None

@@ -254,9 +254,7 @@ class XGrammarEngine(Engine):
         grammar = self._xgr.Grammar.from_json_schema(marked, any_whitespace=any_whitespace,
                                                      strict_mode=False)
         ebnf = share_free_name_tails(str(grammar))
-        if exact or _native_lengths(text):
-            ebnf = substitute_exact(json_char_rule_fixed(ebnf), exact)
-        return ebnf
+        return _corrected(ebnf, exact) if exact or _native_lengths(text) else ebnf
 
     def _compile_text(self, ebnf: str) -> Any:
         # Every grammar is compiled from its text, with no UTF-16 surrogate in any negated
@@ -271,7 +269,7 @@ class XGrammarEngine(Engine):
         minLength strings (no escapes there) become our exact rules (xgrammar_exact), and
         the character rule of other length bounds (a pattern up to 128 by now), which lets
         raw control characters in, is fixed."""
-        return self._compile_text(substitute_exact(json_char_rule_fixed(ebnf), exact))
+        return self._compile_text(_corrected(ebnf, exact))
 
     def _compile_structural_tag(self, data: dict[str, Any]) -> Any:
         """Each tag's schema goes through :meth:`prepare` as a ``json_schema`` spec's does
@@ -336,6 +334,12 @@ class XGrammarEngine(Engine):
                for m in matchers]
         with lock:
             batch.batch_fill_next_token_bitmask(raw, bitmask, list(rows))
+
+
+def _corrected(ebnf: str, exact: dict[str, str]) -> str:
+    """xgrammar's grammar text with our exact rules in place (:meth:`XGrammarEngine.
+    _compile_corrected`)."""
+    return substitute_exact(json_char_rule_fixed(ebnf), exact)
 
 
 def _native_lengths(text: str) -> bool:
