@@ -128,15 +128,19 @@ def implementations(device: str):
         impls["ours-devmask-tritonlaunch"] = with_env(PORTABLE_GUIDED_TRITON_FAST_LAUNCH="0")
         impls["ours-devmask-dense"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="triton-dense")
         impls["ours-devmask-element"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="triton-element")
+        impls["ours-devmask-tiered"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="triton-tiered")
         impls["ours-devmask-xtriton"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="xgrammar-triton")
         impls["ours-devmask-xcuda"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="xgrammar-cuda")
         # Launch shapes of the word kernel (device time): columns per block, warps, blocks
         # per program.
-        for block, warps, blocks in [(1024, 4, 1), (1024, 4, 4), (2048, 4, 1), (2048, 8, 2),
-                                     (2048, 8, 4), (4096, 8, 1), (4096, 8, 2), (8192, 8, 1),
-                                     (4096, 16, 1)]:
-            impls[f"word-b{block}-w{warps}-x{blocks}"] = variant(
-                "triton-word", block=block, num_warps=warps, blocks=blocks)
+        for kernel, block, warps, blocks in [
+                ("word", 1024, 4, 1), ("word", 1024, 4, 4), ("word", 2048, 4, 1),
+                ("word", 2048, 8, 2), ("word", 2048, 8, 4), ("word", 4096, 8, 1),
+                ("word", 4096, 8, 2), ("word", 8192, 8, 1), ("word", 4096, 16, 1),
+                ("tiered", 2048, 4, 1), ("tiered", 2048, 8, 4), ("tiered", 4096, 8, 1),
+                ("tiered", 8192, 8, 1), ("tiered", 4096, 4, 2)]:
+            impls[f"{kernel}-b{block}-w{warps}-x{blocks}"] = variant(
+                f"triton-{kernel}", block=block, num_warps=warps, blocks=blocks)
         impls["xgr-triton"] = xgr_backend("triton")
         impls["xgr-cuda"] = xgr_backend("cuda")
     return impls

@@ -57,6 +57,21 @@ def device_bitmask_calls() -> dict[str, float]:
         "xgr-cuda": lambda: xgr.apply_token_bitmask_inplace(logits, mask, backend="cuda"),
         "mul_": lambda: logits.mul_(1.0),
     }
+    from portable_guided.kernels import triton_mask
+
+    def plain_launch(logits, mask):
+        triton_mask.apply_plain(logits, mask, 8, 4096, 128, 0)
+
+    calls["ours-apply-plain"] = lambda: plain_launch(logits, mask)
+    for _ in range(50):  # compiled, and the plain launch kept
+        calls["ours"]()
+    launch = next(iter(triton_mask._plain_launches.values()), None)
+    if launch is not None:  # the floor: Triton's launcher alone, with everything bound
+        run, function, metadata = launch
+        stream = torch.cuda.current_stream().cuda_stream
+        bound = (8, 2, 1, stream, function, metadata, None, None, None, logits.data_ptr(),
+                 mask.data_ptr(), mask.data_ptr(), 4096, 4096, 128, False, 2048, 1)
+        calls["triton-launcher-only"] = lambda: run(*bound)
     import cProfile
     import pstats
 
@@ -66,7 +81,7 @@ def device_bitmask_calls() -> dict[str, float]:
         calls["ours"]()
     profile.disable()
     torch.cuda.synchronize()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
     rounds: dict[str, list[float]] = {name: [] for name in calls}
     for name, fn in list(calls.items()):
         try:

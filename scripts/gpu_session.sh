@@ -2,7 +2,7 @@
 # Every CUDA path on a lent GPU machine, in as few calls of the device tool as possible:
 #   bash scripts/gpu_session.sh                       # tests apply profile jax (first call)
 #   bash scripts/gpu_session.sh model runner decode   # the real model (second call, warm)
-# Steps: stash tests apply profile jax model runner decode.
+# Steps: stash tests apply profile jax jaxchain model runner decode.
 #
 # Carried beside the repo (see bench/results/cuda_*/README.md for how each was made):
 # .whl/   xgrammar 0.2.8, llguidance and the pure-Python packages the image lacks (first call;
@@ -57,7 +57,7 @@ fi
 if want apply; then
   step "bench_apply --device cuda"
   cat "$OUT/xgr_cuda_build.log"
-  timeout 200 python3 bench/bench_apply.py --device cuda --budget 0.08 --min-reps 15 \
+  timeout ${APPLY_TIMEOUT:-200} python3 bench/bench_apply.py --device cuda --budget 0.08 --min-reps 15 \
       --batches 1,8,64,256 --vocabs 49152,151936 --masks json,half,all-allowed,all-blocked \
       --json "$OUT/apply_cuda.json" ${APPLY_ARGS:-}
   echo "bench_apply rc=$?"
@@ -70,7 +70,14 @@ if want profile; then
 fi
 
 if want jax; then
-  step "JAX on its CUDA backend: 10 calls back to back, one wait (device-bound steady state)"
+  step "JAX on its CUDA backend: device time per call from the profiler's trace"
+  JAX_PLATFORMS=cuda timeout ${JAX_TIMEOUT:-150} python3 bench/bench_jax_device.py \
+    ${JAX_ARGS:---rounds 4 --calls 20} --json "$OUT/jax_cuda_device.json"
+  echo "bench_jax_device rc=$?"
+fi
+
+if want jaxchain; then
+  step "JAX on its CUDA backend: 10 calls back to back, one wait (host time per call)"
   JAX_PLATFORMS=cuda timeout 80 python3 bench/bench_jax.py --rounds 15 --batches 8,64,256 \
     --vocabs 151936 --chain 10 --json "$OUT/jax_cuda_chain10.json"
   echo "bench_jax chain rc=$?"

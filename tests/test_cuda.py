@@ -32,8 +32,8 @@ def _case(rng, batch=5, width=50_000, dense_rows=(1,)):
     return rng.standard_normal((batch, width + 7)).astype(np.float32), bitmask
 
 
-KERNELS = ["triton", "triton-word", "triton-dense", "triton-element", "xgrammar-triton",
-           "xgrammar-cuda"]
+KERNELS = ["triton", "triton-word", "triton-dense", "triton-element", "triton-tiered",
+           "xgrammar-triton", "xgrammar-cuda"]
 
 
 def test_every_kernel_is_tested():
@@ -131,6 +131,8 @@ def test_plain_call_matches_reference_on_both_launches(dtype, width, monkeypatch
     assert taken == [True] * 6
     assert any(key[0] is triton_mask.VARIANTS[triton_mask.DEFAULT_VARIANT].kernel
                for key in triton_mask._compiled)
+    # Repeated specializations were launched by the plain launch (pointers as integers).
+    assert any(key[0] == getattr(torch, dtype) for key in triton_mask._plain_launches)
 
 
 def test_plain_call_does_not_synchronize():

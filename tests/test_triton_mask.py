@@ -69,7 +69,7 @@ print(json.dumps(results))
 '''
 
 
-VARIANTS = ["triton-word", "triton-dense", "triton-element"]
+VARIANTS = ["triton-word", "triton-dense", "triton-element", "triton-tiered"]
 
 
 def test_every_variant_is_tested():

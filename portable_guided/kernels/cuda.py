@@ -6,7 +6,8 @@ bitmask (and the row indices) go to the device in one non-blocking copy from pin
 nothing in the call waits for the device.
 
 ``PORTABLE_GUIDED_CUDA_KERNEL`` picks another kernel: ``triton`` (our default Triton variant),
-one of our variants by name (``triton-word``, ``triton-dense``, ``triton-element``: see
+one of our variants by name (``triton-word``, ``triton-dense``, ``triton-element``,
+``triton-tiered``: see
 :mod:`.triton_mask`), ``xgrammar-triton`` (xgrammar's Triton kernel, the default until 0.1.0)
 or ``xgrammar-cuda`` (xgrammar's CUDA kernel, where the rows start 16-byte aligned; xgrammar
 builds it with ``nvcc`` the first time it is imported, about a minute, then Torch caches it).
@@ -45,7 +46,8 @@ def _require(*modules: str) -> None:
 _require("triton")
 
 KERNEL_ENV_VAR = "PORTABLE_GUIDED_CUDA_KERNEL"
-VARIANT_KERNELS = ("triton-word", "triton-dense", "triton-element")  # ours, by name
+VARIANT_KERNELS = (  # ours, by name
+    "triton-word", "triton-dense", "triton-element", "triton-tiered")
 OWN_KERNELS = ("triton", *VARIANT_KERNELS)  # "triton": our default variant
 KERNELS = (*OWN_KERNELS, "xgrammar-triton", "xgrammar-cuda")
 
@@ -63,6 +65,13 @@ def _own_triton_kernel() -> Any:
     from .triton_mask import apply_triton
 
     return apply_triton
+
+
+@functools.cache
+def _own_plain_launch() -> Any:
+    from .triton_mask import apply_plain
+
+    return apply_plain
 
 
 @functools.cache
@@ -229,9 +238,9 @@ def apply_plain_cuda(logits: Any, bitmask: Any) -> bool:
             or 32 * words < width or width == 0 or logits.stride(1) != 1
             or bitmask.stride() != (words, 1) or logits.requires_grad
             or os.environ.get(KERNEL_ENV_VAR)
-            or device != torch.cuda.current_device()):  # Triton launches there
+            or device != torch._C._cuda_getDevice()):  # Triton launches on the current one
         return False
-    _own_triton_kernel()(logits, bitmask, width, None, device=device)
+    _own_plain_launch()(logits, bitmask, batch, width, words, device)
     return True
 
 

@@ -38,7 +38,8 @@ import triton.language as tl
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["VARIANTS", "DEFAULT_VARIANT", "FAST_LAUNCH_ENV_VAR", "BLOCK", "apply_triton"]
+__all__ = ["VARIANTS", "DEFAULT_VARIANT", "FAST_LAUNCH_ENV_VAR", "BLOCK", "apply_triton",
+           "apply_plain"]
 
 BLOCK = 2048  # columns per program (every variant's default)
 
@@ -140,6 +141,51 @@ def _dense_kernel(  # type: ignore[no-untyped-def]
                 tl.store(pointers, float("-inf"), mask=in_vocab)
 
 
+@triton.jit
+def _either_or(a, b):  # type: ignore[no-untyped-def]
+    return a | b
+
+
+@triton.jit
+def _tiered_kernel(  # type: ignore[no-untyped-def]
+    logits_ptr,
+    bitmask_ptr,
+    rows_ptr,
+    vocab_size,
+    logits_row_stride,
+    bitmask_row_stride,
+    HAS_ROWS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCKS: tl.constexpr,
+):
+    program_row = tl.program_id(0)
+    row = tl.load(rows_ptr + program_row) if HAS_ROWS else program_row
+    row = row.to(tl.int64)
+    lanes = tl.arange(0, 32)
+    for step in tl.static_range(BLOCKS):
+        block = tl.program_id(1) * BLOCKS + step
+        word_index = block * (BLOCK_SIZE // 32) + tl.arange(0, BLOCK_SIZE // 32)
+        words = tl.load(bitmask_ptr + row * bitmask_row_stride + word_index,
+                        mask=word_index * 32 < vocab_size, other=-1)
+        # One reduction says which tier the block is in: bit 0, some word blocks a column;
+        # bit 1, some word allows one.
+        tiers = tl.reduce((words != -1).to(tl.int32) | ((words != 0).to(tl.int32) << 1), 0,
+                          _either_or)
+        if (tiers & 1) != 0:  # an all-allowed block does no per-column work at all
+            columns = word_index[:, None] * 32 + lanes[None, :]
+            in_vocab = columns < vocab_size
+            pointers = logits_ptr + row * logits_row_stride + columns
+            if (tiers & 2) == 0:  # all blocked: written, never read
+                tl.store(pointers, float("-inf"), mask=in_vocab)
+            else:  # the word kernel's per-word masks
+                write = (words != -1)[:, None] & in_vocab
+                read = (words != 0)[:, None] & write
+                x = tl.load(pointers, mask=read)
+                allowed = ((words[:, None] >> lanes[None, :]) & 1) != 0
+                masked = tl.where(allowed, x.to(tl.float32), float("-inf"))
+                tl.store(pointers, masked.to(x.dtype), mask=write)
+
+
 class Variant(NamedTuple):
     """A kernel and its launch shape: columns per block, warps, blocks per program."""
 
@@ -153,6 +199,7 @@ VARIANTS = {
     "triton-word": Variant(_word_kernel, BLOCK, 8, 1),
     "triton-dense": Variant(_dense_kernel, BLOCK, 8, 1),
     "triton-element": Variant(_element_kernel, BLOCK, 8, 1),
+    "triton-tiered": Variant(_tiered_kernel, BLOCK, 8, 1),
 }
 DEFAULT_VARIANT = "triton-word"
 FAST_LAUNCH_ENV_VAR = "PORTABLE_GUIDED_TRITON_FAST_LAUNCH"
@@ -221,6 +268,56 @@ def _launch(kernel: Any, grid: tuple[int, int], args: tuple[Any, ...],
     stream = torch._C._cuda_getCurrentRawStream(device)
     compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata,
                  None, None, None, *args, *constants)
+
+
+# The plain call's launches, by (dtype, device, the specialization of its pointers and
+# integers): Triton's launcher, the kernel's handle and its packed metadata.
+_plain_launches: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
+
+
+def apply_plain(table: torch.Tensor, bitmask: torch.Tensor, batch: int, width: int, words: int,
+                device: int) -> None:
+    """:func:`apply_triton` with the default variant over every row of ``table``
+    (``batch`` x ``width``, unit column stride) from ``bitmask`` (``batch`` x ``words``,
+    contiguous, ``32 * words >= width``), both on the current device ``device``: the caller
+    has checked all of that. Once the kernel is compiled for this specialization, the launch
+    takes the pointers as integers (Triton's launcher then neither calls ``data_ptr`` nor asks
+    the driver about them) and skips the general key."""
+    table_ptr, mask_ptr, stride = table.data_ptr(), bitmask.data_ptr(), table.stride(0)
+    key = (table.dtype, device, table_ptr % 16 == 0, mask_ptr % 16 == 0, _int_key(width),
+           _int_key(stride), _int_key(words))
+    launch = _plain_launches.get(key)
+    if launch is None or not _fast_launch_allowed():
+        apply_triton(table, bitmask, width, None, device=device)
+        _remember_plain(key, table, bitmask, width, device)
+        return
+    import torch
+
+    run, function, metadata = launch
+    run(batch, -(-width // _PLAIN_COLUMNS), 1, torch._C._cuda_getCurrentRawStream(device), function,
+        metadata, None, None, None, table_ptr, mask_ptr, mask_ptr, width, stride, words,
+        *_PLAIN_CONSTANTS)
+
+
+_PLAIN_SHAPE = VARIANTS[DEFAULT_VARIANT]
+_PLAIN_CONSTANTS = (False, _PLAIN_SHAPE.block, _PLAIN_SHAPE.blocks)  # HAS_ROWS, BLOCK_SIZE, BLOCKS
+_PLAIN_COLUMNS = _PLAIN_SHAPE.block * _PLAIN_SHAPE.blocks  # per program
+
+
+def _int_key(value: int) -> int:
+    """Triton's specialization of an integer argument, as one small integer."""
+    return (value == 1) | (value % 16 == 0) << 1 | (-2**31 <= value < 2**31) << 2
+
+
+def _remember_plain(key: tuple[Any, ...], table: torch.Tensor, bitmask: torch.Tensor,
+                    width: int, device: int) -> None:
+    """Keep the plain call's launch for ``key`` once :func:`apply_triton` has compiled it."""
+    args = (table, bitmask, bitmask, width, table.stride(0), bitmask.stride(0))
+    general = (_PLAIN_SHAPE.kernel, _PLAIN_SHAPE.num_warps, _PLAIN_CONSTANTS, device,
+               *map(_specialization, args))
+    compiled = _compiled.get(general)
+    if compiled is not None and len(_plain_launches) < 256:
+        _plain_launches[key] = (compiled.run, compiled.function, compiled.packed_metadata)
 
 
 _launch_checked: list[bool] = []  # [whether this Triton and device allow the direct call]
