@@ -129,6 +129,7 @@ def implementations(device: str):
         impls["ours-devmask-dense"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="triton-dense")
         impls["ours-devmask-element"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="triton-element")
         impls["ours-devmask-tiered"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="triton-tiered")
+        impls["ours-devmask-word"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="triton-word")
         impls["ours-devmask-xtriton"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="xgrammar-triton")
         impls["ours-devmask-xcuda"] = with_env(PORTABLE_GUIDED_CUDA_KERNEL="xgrammar-cuda")
         # Launch shapes of the word kernel (device time): columns per block, warps, blocks

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, TypeVar
 
+from .kernels import env_may_be_set
 from .platform import Platform
 from .registry import ENV_VAR, REGISTRY
 from .validation import plan_mask
@@ -95,7 +95,7 @@ def _plain_call(logits: Any, bitmask: Any) -> bool:
         plain = _plain_kernels(key)
         if plain is None:
             return False
-    if resolution.kernel is not plain[0] or os.environ.get(ENV_VAR):
+    if resolution.kernel is not plain[0] or env_may_be_set(ENV_VAR):
         return False
     return bool(plain[1](logits, bitmask))
 

@@ -4,25 +4,34 @@ The semantics are xgrammar's: column ``c`` of row ``r`` is masked when bit ``c %
 ``bitmask[r, c // 32]`` is clear. Each kernel runs one program per (row, ``BLOCKS`` blocks of
 ``BLOCK_SIZE`` columns):
 
-- ``triton-word`` (the default): a block is read as ``(words, 32)``, so each bitmask word is
-  loaded once and its bits broadcast over its 32 columns. Load and store masks are per word:
-  a word that allows everything is neither read nor written, one that blocks everything is
-  written without being read, and only mixed words are read and written. A mask constant over
-  each word keeps the loads and stores vectorized (16 bytes a thread).
+- ``triton-tiered`` (the default): the word kernel below behind one test per block: a block
+  whose words all allow everything does no per-column work at all (no address, no mask),
+  one whose words all block everything is written without being read, and any other block
+  takes the word kernel's path. Once the grid has ``WIDE_MIN_PROGRAMS`` programs of 8,192
+  columns, each program takes 8,192 columns instead of 2,048: fewer programs, each as cheap.
+- ``triton-word`` (the default until session 32): a block is read as ``(words, 32)``, so each
+  bitmask word is loaded once and its bits broadcast over its 32 columns. Load and store
+  masks are per word: a word that allows everything is neither read nor written, one that
+  blocks everything is written without being read, and only mixed words are read and
+  written. A mask constant over each word keeps the loads and stores vectorized (16 bytes a
+  thread).
 - ``triton-dense``: the same layout with the choice made per block: skip the block, write it
   without reading it, or read and write all of it.
 - ``triton-element``: one thread per column, ``-inf`` written through a per-element store
   mask, which defeats vectorization (the default of the first GPU run).
 
-On an H200 (``bench/results/cuda_h200_s25/``, device time, JSON-like masks, B >= 64):
-``triton-word`` reaches 79-151% (fp32) and 98-132% (bf16) of a device-to-device copy's rate,
-``triton-element`` 52-82% and 20-28%. Launch shapes from 1,024 to 8,192 columns, 4 to 16 warps
-and 1 to 4 blocks per program measured within noise of the default (2,048, 8, 1).
+On an H200 (``bench/results/cuda_h200_s32/``, device time, B >= 64): ``triton-tiered`` at its
+wide shape is at most 2.6% slower than xgrammar's CUDA kernel in one cell of 16 (bf16,
+V=151,936, B=256, JSON-like: 27.6 against 26.9 us) and up to 1.75x faster in the others
+(all-allowed masks: 8.0 against 14.0 us at fp32, V=151,936, B=256), where ``triton-word`` was
+up to 1.76x slower; on JSON-like masks both reach 79-157% of a device-to-device copy's rate
+(fp32) and 50-145% (bf16).
 
 Triton's own launch spends about 25 us of host time per call binding and specializing the
 arguments. :func:`apply_triton` launches the compiled kernel directly once Triton has compiled
 it for the same specialization (the pointers' dtypes and 16-byte alignment, the integers'
-divisibility by 16, equality to 1 and width) and the same constants.
+divisibility by 16, equality to 1 and width) and the same constants; :func:`apply_plain`
+does so for the plain call with fewer steps and the pointers as integers.
 
 Imported on first use only (it imports Triton).
 """
@@ -34,6 +43,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import triton
 import triton.language as tl
+
+from . import env_may_be_set
 
 if TYPE_CHECKING:
     import torch
@@ -187,21 +198,36 @@ def _tiered_kernel(  # type: ignore[no-untyped-def]
 
 
 class Variant(NamedTuple):
-    """A kernel and its launch shape: columns per block, warps, blocks per program."""
+    """A kernel and its launch shape: columns per block, warps, blocks per program, and the
+    columns per block once the grid has at least ``WIDE_MIN_PROGRAMS`` programs of that many
+    (0: never)."""
 
     kernel: Any
     block: int
     num_warps: int
     blocks: int
+    wide_block: int = 0
 
+    def columns(self, rows: int, vocab_size: int) -> int:
+        """Columns per block for ``rows`` rows of ``vocab_size`` columns."""
+        wide = self.wide_block
+        if wide and rows * -(-vocab_size // (wide * self.blocks)) >= WIDE_MIN_PROGRAMS:
+            return wide
+        return self.block
+
+
+# Fewer, wider programs pay once the grid fills the GPU: on an H200 an all-allowed B=256
+# mask took 4.4-8.0 us with 8,192 columns a program against 7.0-14.9 with 2,048, other masks
+# within 0.5 us either way; a small grid (one row) ran 0.3-0.6 us slower wide.
+WIDE_MIN_PROGRAMS = 256
 
 VARIANTS = {
     "triton-word": Variant(_word_kernel, BLOCK, 8, 1),
     "triton-dense": Variant(_dense_kernel, BLOCK, 8, 1),
     "triton-element": Variant(_element_kernel, BLOCK, 8, 1),
-    "triton-tiered": Variant(_tiered_kernel, BLOCK, 8, 1),
+    "triton-tiered": Variant(_tiered_kernel, BLOCK, 8, 1, wide_block=4 * BLOCK),
 }
-DEFAULT_VARIANT = "triton-word"
+DEFAULT_VARIANT = "triton-tiered"
 FAST_LAUNCH_ENV_VAR = "PORTABLE_GUIDED_TRITON_FAST_LAUNCH"
 
 
@@ -220,8 +246,8 @@ def apply_triton(
     if count == 0 or vocab_size == 0:
         return
     shape = VARIANTS[variant]
-    block = block or shape.block
     blocks = blocks or shape.blocks
+    block = block or shape._replace(blocks=blocks).columns(count, vocab_size)
     grid = (count, -(-vocab_size // (block * blocks)))
     args = (table, bitmask, rows if rows is not None else bitmask, vocab_size,
             table.stride(0), bitmask.stride(0))
@@ -270,9 +296,10 @@ def _launch(kernel: Any, grid: tuple[int, int], args: tuple[Any, ...],
                  None, None, None, *args, *constants)
 
 
-# The plain call's launches, by (dtype, device, the specialization of its pointers and
-# integers): Triton's launcher, the kernel's handle and its packed metadata.
+# The plain call's launches, by (dtype, device, columns per block, the specialization of its
+# pointers and integers): Triton's launcher, the kernel's handle and its packed metadata.
 _plain_launches: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
+_PLAIN_SHAPE = VARIANTS[DEFAULT_VARIANT]
 
 
 def apply_plain(table: torch.Tensor, bitmask: torch.Tensor, batch: int, width: int, words: int,
@@ -284,37 +311,31 @@ def apply_plain(table: torch.Tensor, bitmask: torch.Tensor, batch: int, width: i
     takes the pointers as integers (Triton's launcher then neither calls ``data_ptr`` nor asks
     the driver about them) and skips the general key."""
     table_ptr, mask_ptr, stride = table.data_ptr(), bitmask.data_ptr(), table.stride(0)
-    key = (table.dtype, device, table_ptr % 16 == 0, mask_ptr % 16 == 0, _int_key(width),
-           _int_key(stride), _int_key(words))
+    block = _PLAIN_SHAPE.columns(batch, width)
+    # Triton specializes a pointer on 16-byte alignment, an integer on divisibility by 16,
+    # equality to 1 and width (32 or 64 bits).
+    key = (table.dtype, device, block, table_ptr % 16 == 0, mask_ptr % 16 == 0,
+           width % 16 == 0, width == 1, stride % 16 == 0, stride == 1, stride < 2**31,
+           words % 16 == 0, words == 1)
     launch = _plain_launches.get(key)
     if launch is None or not _fast_launch_allowed():
         apply_triton(table, bitmask, width, None, device=device)
-        _remember_plain(key, table, bitmask, width, device)
+        _remember_plain(key, table, bitmask, width, device, block)
         return
     import torch
 
     run, function, metadata = launch
-    run(batch, -(-width // _PLAIN_COLUMNS), 1, torch._C._cuda_getCurrentRawStream(device), function,
-        metadata, None, None, None, table_ptr, mask_ptr, mask_ptr, width, stride, words,
-        *_PLAIN_CONSTANTS)
-
-
-_PLAIN_SHAPE = VARIANTS[DEFAULT_VARIANT]
-_PLAIN_CONSTANTS = (False, _PLAIN_SHAPE.block, _PLAIN_SHAPE.blocks)  # HAS_ROWS, BLOCK_SIZE, BLOCKS
-_PLAIN_COLUMNS = _PLAIN_SHAPE.block * _PLAIN_SHAPE.blocks  # per program
-
-
-def _int_key(value: int) -> int:
-    """Triton's specialization of an integer argument, as one small integer."""
-    return (value == 1) | (value % 16 == 0) << 1 | (-2**31 <= value < 2**31) << 2
+    run(batch, -(-width // (block * _PLAIN_SHAPE.blocks)), 1,
+        torch._C._cuda_getCurrentRawStream(device), function, metadata, None, None, None,
+        table_ptr, mask_ptr, mask_ptr, width, stride, words, False, block, _PLAIN_SHAPE.blocks)
 
 
 def _remember_plain(key: tuple[Any, ...], table: torch.Tensor, bitmask: torch.Tensor,
-                    width: int, device: int) -> None:
+                    width: int, device: int, block: int) -> None:
     """Keep the plain call's launch for ``key`` once :func:`apply_triton` has compiled it."""
     args = (table, bitmask, bitmask, width, table.stride(0), bitmask.stride(0))
-    general = (_PLAIN_SHAPE.kernel, _PLAIN_SHAPE.num_warps, _PLAIN_CONSTANTS, device,
-               *map(_specialization, args))
+    general = (_PLAIN_SHAPE.kernel, _PLAIN_SHAPE.num_warps, (False, block, _PLAIN_SHAPE.blocks),
+               device, *map(_specialization, args))
     compiled = _compiled.get(general)
     if compiled is not None and len(_plain_launches) < 256:
         _plain_launches[key] = (compiled.run, compiled.function, compiled.packed_metadata)
@@ -327,15 +348,20 @@ def _fast_launch_allowed() -> bool:
     """Not with a launch hook set (profilers read them), nor where Triton's compiled-kernel
     call differs from the one above (before 3.4) or was not measured (ROCm), nor when turned
     off."""
-    if os.environ.get(FAST_LAUNCH_ENV_VAR) == "0":
-        return False
-    knobs = getattr(triton, "knobs", None)
     if not _launch_checked:
         import torch
 
+        knobs = getattr(triton, "knobs", None)
         _launch_checked.append(knobs is not None and torch.version.hip is None)
-    if not _launch_checked[0] or knobs is None:
+        _runtime_knobs.append(None if knobs is None else knobs.runtime)
+    if not _launch_checked[0] or env_may_be_set(FAST_LAUNCH_ENV_VAR) and os.environ.get(
+            FAST_LAUNCH_ENV_VAR) == "0":
         return False
-    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    runtime = _runtime_knobs[0]
+    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
     # Triton 3.6 keeps a chain of hooks (empty: none set); earlier versions a function or None.
-    return all(hook is None or getattr(hook, "calls", True) == [] for hook in hooks)
+    return ((enter is None or getattr(enter, "calls", True) == [])
+            and (exit_ is None or getattr(exit_, "calls", True) == []))
+
+
+_runtime_knobs: list[Any] = []  # [triton.knobs.runtime], read on first use
