@@ -60,18 +60,22 @@ def device_bitmask_calls() -> dict[str, float]:
     from portable_guided.kernels import triton_mask
 
     def plain_launch(logits, mask):
-        triton_mask.apply_plain(logits, mask, 8, 4096, 128, 0)
+        triton_mask.apply_plain(logits, mask, 8, 4096, 128, 4096, 0)
 
     calls["ours-apply-plain"] = lambda: plain_launch(logits, mask)
     for _ in range(50):  # compiled, and the plain launch kept
         calls["ours"]()
-    launch = next(iter(triton_mask._plain_launches.values()), None)
-    if launch is not None:  # the floor: Triton's launcher alone, with everything bound
-        run, function, metadata = launch
+    compiled = next((c for key, c in triton_mask._compiled.items()
+                     if key[0] is triton_mask._PLAIN_SHAPE.kernel), None)
+    if compiled is not None:  # the floors: Triton's launcher, then its C function, alone
+        run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
         stream = torch.cuda.current_stream().cuda_stream
-        bound = (8, 2, 1, stream, function, metadata, None, None, None, logits.data_ptr(),
-                 mask.data_ptr(), mask.data_ptr(), 4096, 4096, 128, False, 2048, 1)
+        arguments = (logits.data_ptr(), mask.data_ptr(), mask.data_ptr(), 4096, 4096, 128,
+                     False, 2048, 1)
+        bound = (8, 2, 1, stream, function, metadata, None, None, None, *arguments)
         calls["triton-launcher-only"] = lambda: run(*bound)
+        direct = triton_mask._direct_launch(compiled)
+        calls["direct-launch-only"] = lambda: direct(8, 2, stream, *arguments)
     import cProfile
     import pstats
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..dlpack import host_int32, to_torch
 from ..validation import MaskPlan
-from . import plain_torch_pair
+from . import env_may_be_set, plain_torch_pair
 
 if TYPE_CHECKING:
     import torch
@@ -233,14 +233,15 @@ def apply_plain_cuda(logits: Any, bitmask: Any) -> bool:
         return False
     device = logits.get_device()  # -1 on the CPU
     batch, width = logits.shape
-    words = bitmask.shape[1]
-    if (device < 0 or bitmask.get_device() != device or bitmask.shape[0] != batch
-            or 32 * words < width or width == 0 or logits.stride(1) != 1
+    rows, words = bitmask.shape
+    row_stride, column_stride = logits.stride()
+    if (device < 0 or bitmask.get_device() != device or rows != batch
+            or 32 * words < width or width == 0 or column_stride != 1
             or bitmask.stride() != (words, 1) or logits.requires_grad
-            or os.environ.get(KERNEL_ENV_VAR)
+            or env_may_be_set(KERNEL_ENV_VAR)
             or device != torch._C._cuda_getDevice()):  # Triton launches on the current one
         return False
-    _own_plain_launch()(logits, bitmask, batch, width, words, device)
+    _own_plain_launch()(logits, bitmask, batch, width, words, row_stride, device)
     return True
 
 

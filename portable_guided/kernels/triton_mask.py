@@ -297,20 +297,20 @@ def _launch(kernel: Any, grid: tuple[int, int], args: tuple[Any, ...],
 
 
 # The plain call's launches, by (dtype, device, columns per block, the specialization of its
-# pointers and integers): Triton's launcher, the kernel's handle and its packed metadata.
-_plain_launches: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
+# pointers and integers): see _direct_launch.
+_plain_launches: dict[tuple[Any, ...], Any] = {}
 _PLAIN_SHAPE = VARIANTS[DEFAULT_VARIANT]
 
 
 def apply_plain(table: torch.Tensor, bitmask: torch.Tensor, batch: int, width: int, words: int,
-                device: int) -> None:
+                stride: int, device: int) -> None:
     """:func:`apply_triton` with the default variant over every row of ``table``
-    (``batch`` x ``width``, unit column stride) from ``bitmask`` (``batch`` x ``words``,
-    contiguous, ``32 * words >= width``), both on the current device ``device``: the caller
-    has checked all of that. Once the kernel is compiled for this specialization, the launch
-    takes the pointers as integers (Triton's launcher then neither calls ``data_ptr`` nor asks
-    the driver about them) and skips the general key."""
-    table_ptr, mask_ptr, stride = table.data_ptr(), bitmask.data_ptr(), table.stride(0)
+    (``batch`` x ``width``, row stride ``stride``, unit column stride) from ``bitmask``
+    (``batch`` x ``words``, contiguous, ``32 * words >= width``), both on the current device
+    ``device``: the caller has checked all of that. Once the kernel is compiled for this
+    specialization, the launch takes the pointers as integers (Triton's launcher then neither
+    calls ``data_ptr`` nor asks the driver about them) and skips the general key."""
+    table_ptr, mask_ptr = table.data_ptr(), bitmask.data_ptr()
     block = _PLAIN_SHAPE.columns(batch, width)
     # Triton specializes a pointer on 16-byte alignment, an integer on divisibility by 16,
     # equality to 1 and width (32 or 64 bits).
@@ -324,10 +324,9 @@ def apply_plain(table: torch.Tensor, bitmask: torch.Tensor, batch: int, width: i
         return
     import torch
 
-    run, function, metadata = launch
-    run(batch, -(-width // (block * _PLAIN_SHAPE.blocks)), 1,
-        torch._C._cuda_getCurrentRawStream(device), function, metadata, None, None, None,
-        table_ptr, mask_ptr, mask_ptr, width, stride, words, False, block, _PLAIN_SHAPE.blocks)
+    launch(batch, -(-width // (block * _PLAIN_SHAPE.blocks)),
+           torch._C._cuda_getCurrentRawStream(device), table_ptr, mask_ptr, mask_ptr, width,
+           stride, words, False, block, _PLAIN_SHAPE.blocks)
 
 
 def _remember_plain(key: tuple[Any, ...], table: torch.Tensor, bitmask: torch.Tensor,
@@ -338,7 +337,31 @@ def _remember_plain(key: tuple[Any, ...], table: torch.Tensor, bitmask: torch.Te
                device, *map(_specialization, args))
     compiled = _compiled.get(general)
     if compiled is not None and len(_plain_launches) < 256:
-        _plain_launches[key] = (compiled.run, compiled.function, compiled.packed_metadata)
+        _plain_launches[key] = _direct_launch(compiled)
+
+
+def _direct_launch(compiled: Any) -> Any:
+    """``launch(grid_x, grid_y, stream, *arguments)`` of a compiled kernel. On Triton 3.6,
+    whose launcher this was measured with, a kernel that needs no scratch memory goes straight
+    to the launcher's C function (Triton's Python wrapper around it costs about 1 us of host
+    time: it allocates nothing for such a kernel); elsewhere through that wrapper."""
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    c_launch = getattr(run, "launch", None)
+    if (triton.__version__.startswith("3.6.") and c_launch is not None
+            and getattr(run, "global_scratch_size", 1) == 0
+            and getattr(run, "profile_scratch_size", 1) == 0):
+        cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
+
+        def launch(grid_x: int, grid_y: int, stream: int, *arguments: Any) -> None:
+            c_launch(grid_x, grid_y, 1, stream, function, cooperative, pdl, None, None,
+                     metadata, None, None, None, *arguments)
+
+        return launch
+
+    def launch_wrapped(grid_x: int, grid_y: int, stream: int, *arguments: Any) -> None:
+        run(grid_x, grid_y, 1, stream, function, metadata, None, None, None, *arguments)
+
+    return launch_wrapped
 
 
 _launch_checked: list[bool] = []  # [whether this Triton and device allow the direct call]
