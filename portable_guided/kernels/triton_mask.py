@@ -20,12 +20,12 @@ The semantics are xgrammar's: column ``c`` of row ``r`` is masked when bit ``c %
 - ``triton-element``: one thread per column, ``-inf`` written through a per-element store
   mask, which defeats vectorization (the default of the first GPU run).
 
-On an H200 (``bench/results/cuda_h200_s32/``, device time, B >= 64): ``triton-tiered`` at its
-wide shape is at most 2.6% slower than xgrammar's CUDA kernel in one cell of 16 (bf16,
-V=151,936, B=256, JSON-like: 27.6 against 26.9 us) and up to 1.75x faster in the others
-(all-allowed masks: 8.0 against 14.0 us at fp32, V=151,936, B=256), where ``triton-word`` was
-up to 1.76x slower; on JSON-like masks both reach 79-157% of a device-to-device copy's rate
-(fp32) and 50-145% (bf16).
+On an H200 (``bench/results/cuda_h200_s32/``, device time, B >= 64): ``triton-tiered`` is
+slower than xgrammar's CUDA kernel in 2 of 32 cells, by 1-2% (bf16, V=151,936, B=256:
+JSON-like 27.6 against 27.0 us), and up to 1.8x faster in the others (all-allowed masks: 7.9
+against 14.0 us at fp32, V=151,936, B=256), where ``triton-word`` was up to 1.76x slower; on
+JSON-like masks it reaches 82-150% (fp32) and 49-133% (bf16) of a device-to-device copy's
+rate, ``triton-element`` 52-82% and 20-28%.
 
 Triton's own launch spends about 25 us of host time per call binding and specializing the
 arguments. :func:`apply_triton` launches the compiled kernel directly once Triton has compiled
