@@ -6,11 +6,11 @@ bitmask (and the row indices) go to the device in one non-blocking copy from pin
 nothing in the call waits for the device.
 
 ``PORTABLE_GUIDED_CUDA_KERNEL`` picks another kernel: ``triton`` (our default Triton variant),
-one of our variants by name (``triton-word``, ``triton-dense``, ``triton-element``,
-``triton-tiered``: see
-:mod:`.triton_mask`), ``xgrammar-triton`` (xgrammar's Triton kernel, the default until 0.1.0)
-or ``xgrammar-cuda`` (xgrammar's CUDA kernel, where the rows start 16-byte aligned; xgrammar
-builds it with ``nvcc`` the first time it is imported, about a minute, then Torch caches it).
+one of our variants by name (``triton-tiered``, ``triton-word``, ``triton-dense``,
+``triton-element``: see :mod:`.triton_mask`), ``xgrammar-triton`` (xgrammar's Triton kernel,
+the default until 0.1.0) or ``xgrammar-cuda`` (xgrammar's CUDA kernel, where the rows start
+16-byte aligned; xgrammar builds it with ``nvcc`` the first time it is imported, about a
+minute, then Torch caches it).
 """
 
 from __future__ import annotations

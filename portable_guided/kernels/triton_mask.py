@@ -9,10 +9,10 @@ The semantics are xgrammar's: column ``c`` of row ``r`` is masked when bit ``c %
   one whose words all block everything is written without being read, and any other block
   takes the word kernel's path. Once the grid has ``WIDE_MIN_PROGRAMS`` programs of 8,192
   columns, each program takes 8,192 columns instead of 2,048: fewer programs, each as cheap.
-- ``triton-word`` (the default until session 32): a block is read as ``(words, 32)``, so each
-  bitmask word is loaded once and its bits broadcast over its 32 columns. Load and store
-  masks are per word: a word that allows everything is neither read nor written, one that
-  blocks everything is written without being read, and only mixed words are read and
+- ``triton-word`` (the default before ``triton-tiered``): a block is read as ``(words, 32)``,
+  so each bitmask word is loaded once and its bits broadcast over its 32 columns. Load and
+  store masks are per word: a word that allows everything is neither read nor written, one
+  that blocks everything is written without being read, and only mixed words are read and
   written. A mask constant over each word keeps the loads and stores vectorized (16 bytes a
   thread).
 - ``triton-dense``: the same layout with the choice made per block: skip the block, write it
