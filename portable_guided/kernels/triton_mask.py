@@ -375,8 +375,9 @@ def _fast_launch_allowed() -> bool:
         import torch
 
         knobs = getattr(triton, "knobs", None)
-        _launch_checked.append(knobs is not None and torch.version.hip is None)
+        # The knobs first: another thread reads them once it sees the check.
         _runtime_knobs.append(None if knobs is None else knobs.runtime)
+        _launch_checked.append(knobs is not None and torch.version.hip is None)
     if not _launch_checked[0] or env_may_be_set(FAST_LAUNCH_ENV_VAR) and os.environ.get(
             FAST_LAUNCH_ENV_VAR) == "0":
         return False
