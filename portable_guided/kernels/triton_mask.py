@@ -97,29 +97,23 @@ def _word_kernel(  # type: ignore[no-untyped-def]
     program_row = tl.program_id(0)
     row = tl.load(rows_ptr + program_row) if HAS_ROWS else program_row
     row = row.to(tl.int64)
+    lanes = tl.arange(0, 32)
     for step in tl.static_range(BLOCKS):
         block = tl.program_id(1) * BLOCKS + step
         word_index = block * (BLOCK_SIZE // 32) + tl.arange(0, BLOCK_SIZE // 32)
         words = tl.load(bitmask_ptr + row * bitmask_row_stride + word_index,
                         mask=word_index * 32 < vocab_size, other=-1)
-        _mask_by_words(logits_ptr + row * logits_row_stride, word_index, words, vocab_size)
-
-
-@triton.jit
-def _mask_by_words(row_ptr, word_index, words, vocab_size):  # type: ignore[no-untyped-def]
-    """Mask one block of a row (``row_ptr``: its first column) from its bitmask ``words``
-    (at ``word_index``), with load and store masks per word."""
-    lanes = tl.arange(0, 32)
-    columns = word_index[:, None] * 32 + lanes[None, :]
-    pointers = row_ptr + columns
-    # Constant over each word's 32 columns, so loads and stores stay vectorized.
-    write = (words != -1)[:, None] & (columns < vocab_size)
-    read = (words != 0)[:, None] & write
-    x = tl.load(pointers, mask=read)  # what it skips is never kept: blocked or unwritten
-    allowed = ((words[:, None] >> lanes[None, :]) & 1) != 0
-    # Selected in float32 (exact both ways): Triton's interpreter has no bf16 constants.
-    masked = tl.where(allowed, x.to(tl.float32), float("-inf"))
-    tl.store(pointers, masked.to(x.dtype), mask=write)
+        columns = word_index[:, None] * 32 + lanes[None, :]
+        in_vocab = columns < vocab_size
+        pointers = logits_ptr + row * logits_row_stride + columns
+        # Constant over each word's 32 columns, so loads and stores stay vectorized.
+        write = (words != -1)[:, None] & in_vocab
+        read = (words != 0)[:, None] & write
+        x = tl.load(pointers, mask=read)  # what it skips is never kept: blocked or unwritten
+        allowed = ((words[:, None] >> lanes[None, :]) & 1) != 0
+        # Selected in float32 (exact both ways): Triton's interpreter has no bf16 constants.
+        masked = tl.where(allowed, x.to(tl.float32), float("-inf"))
+        tl.store(pointers, masked.to(x.dtype), mask=write)
 
 
 @triton.jit
@@ -189,12 +183,18 @@ def _tiered_kernel(  # type: ignore[no-untyped-def]
         tiers = tl.reduce((words != -1).to(tl.int32) | ((words != 0).to(tl.int32) << 1), 0,
                           _either_or)
         if (tiers & 1) != 0:  # an all-allowed block does no per-column work at all
-            row_ptr = logits_ptr + row * logits_row_stride
+            columns = word_index[:, None] * 32 + lanes[None, :]
+            in_vocab = columns < vocab_size
+            pointers = logits_ptr + row * logits_row_stride + columns
             if (tiers & 2) == 0:  # all blocked: written, never read
-                columns = word_index[:, None] * 32 + lanes[None, :]
-                tl.store(row_ptr + columns, float("-inf"), mask=columns < vocab_size)
-            else:
-                _mask_by_words(row_ptr, word_index, words, vocab_size)
+                tl.store(pointers, float("-inf"), mask=in_vocab)
+            else:  # the word kernel's per-word masks
+                write = (words != -1)[:, None] & in_vocab
+                read = (words != 0)[:, None] & write
+                x = tl.load(pointers, mask=read)
+                allowed = ((words[:, None] >> lanes[None, :]) & 1) != 0
+                masked = tl.where(allowed, x.to(tl.float32), float("-inf"))
+                tl.store(pointers, masked.to(x.dtype), mask=write)
 
 
 class Variant(NamedTuple):
