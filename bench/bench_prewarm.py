@@ -18,10 +18,11 @@ import sys
 import time
 from typing import Any
 
-from bench_compiler_cache import compiled_in_a_row  # (this script's folder is on the path)
+from bench_compiler_cache import FILES, compiled_in_a_row  # (this script's folder is on the path)
 
 
-def run_one(prewarmed: bool, skip: int, limit: int, tokenizer: str) -> dict[str, Any]:
+def run_one(prewarmed: bool, skip: int, limit: int, tokenizer: str, files: str
+            ) -> dict[str, Any]:
     """Compile the schemas on a new engine (in this process), after the prewarm or not."""
     import logging
 
@@ -38,7 +39,7 @@ def run_one(prewarmed: bool, skip: int, limit: int, tokenizer: str) -> dict[str,
         row |= {"prewarm_s": round(time.perf_counter() - t0, 1), "prewarm_compiled": compiled,
                 "prewarm_failed": failed,
                 "prewarm_cache_mib": engine._compiler.get_cache_size_bytes() >> 20}
-    return row | compiled_in_a_row(engine, skip, limit)
+    return row | compiled_in_a_row(engine, skip, limit, files)
 
 
 def main() -> None:
@@ -46,17 +47,21 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=120, help="schemas skipped per file")
     ap.add_argument("--limit", type=int, default=40, help="schemas per file")
     ap.add_argument("--tokenizer", default="deepseek")
+    ap.add_argument("--files", default=FILES, help="a glob of MaskBench-format files "
+                    "(default: MaskBench's; e.g. JSONSchemaBench's joined by "
+                    "bench_engine_choice.py --jsb-dir)")
     ap.add_argument("--one", choices=["cold", "prewarmed"], help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     if args.one is not None:
         print(json.dumps(run_one(args.one == "prewarmed", args.skip, args.limit,
-                                 args.tokenizer)))
+                                 args.tokenizer, args.files)))
         return
     rows = []
     for way in ("cold", "prewarmed"):
         out = subprocess.run([sys.executable, __file__, "--one", way, "--skip", str(args.skip),
-                              "--limit", str(args.limit), "--tokenizer", args.tokenizer],
+                              "--limit", str(args.limit), "--tokenizer", args.tokenizer,
+                              "--files", args.files],
                              capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
