@@ -43,3 +43,17 @@ def test_host_bitmask_and_rows_are_staged_end_to_end_in_one_copy_each():
     np.testing.assert_array_equal(target, np.concatenate([bitmask.reshape(-1), rows]))
     with pytest.raises(ValueError, match="parts hold 15 elements for a target of 18"):
         fill_end_to_end(target, [bitmask])
+
+
+def test_env_may_be_set_follows_the_environment(monkeypatch):
+    from portable_guided.kernels import env_may_be_set
+
+    name = "PORTABLE_GUIDED_TEST_ENV_PROBE"
+    monkeypatch.delenv(name, raising=False)
+    assert not env_may_be_set(name)
+    monkeypatch.setenv(name, "")  # an empty value counts as set: the general path reads it
+    assert env_may_be_set(name)
+    monkeypatch.setenv(name, "x")
+    assert env_may_be_set(name)
+    monkeypatch.delenv(name)
+    assert not env_may_be_set(name)
