@@ -3,7 +3,8 @@
 xgrammar engine (as the runtime's engine upgrades run), without the prewarm and after it,
 each in a fresh process: the total, the compile-time percentiles and the schemas over 30
 and 100 ms, and what the prewarm itself cost (seconds, compiler-cache MiB). The same
-schemas in the same order both ways.
+schemas in the same order both ways. ``--cache-mib 512,1024`` runs the prewarmed way once
+per bound of xgrammar's compiler cache (``COMPILER_CACHE_BYTES``; default: the engine's).
 
     PYTHONPATH=. python bench/bench_prewarm.py --skip 120 --limit 40 \\
         --json bench/results/prewarm_cpu.json
@@ -21,18 +22,22 @@ from typing import Any
 from bench_compiler_cache import FILES, compiled_in_a_row  # (this script's folder is on the path)
 
 
-def run_one(prewarmed: bool, skip: int, limit: int, tokenizer: str, files: str
-            ) -> dict[str, Any]:
-    """Compile the schemas on a new engine (in this process), after the prewarm or not."""
+def run_one(prewarmed: bool, skip: int, limit: int, tokenizer: str, files: str,
+            cache_mib: int | None = None) -> dict[str, Any]:
+    """Compile the schemas on a new engine (in this process), after the prewarm or not,
+    its compiler cache bounded at ``cache_mib`` (None: the engine's default)."""
     import logging
 
     from portable_guided.runtime import load_tokenizer_info
-    from portable_guided.runtime.engines.xgrammar import XGrammarEngine
+    from portable_guided.runtime.engines import xgrammar as xgrammar_engine
     from portable_guided.runtime.engines.xgrammar_prewarm import prewarm
 
     logging.disable(logging.WARNING)
-    engine = XGrammarEngine.create(load_tokenizer_info(tokenizer))
-    row: dict[str, Any] = {"prewarm": prewarmed}
+    if cache_mib is not None:
+        xgrammar_engine.COMPILER_CACHE_BYTES = cache_mib << 20
+    engine = xgrammar_engine.XGrammarEngine.create(load_tokenizer_info(tokenizer))
+    row: dict[str, Any] = {"prewarm": prewarmed,
+                           "cache_mib": xgrammar_engine.COMPILER_CACHE_BYTES >> 20}
     if prewarmed:
         t0 = time.perf_counter()
         compiled, failed = prewarm(engine)
@@ -50,18 +55,25 @@ def main() -> None:
     ap.add_argument("--files", default=FILES, help="a glob of MaskBench-format files "
                     "(default: MaskBench's; e.g. JSONSchemaBench's joined by "
                     "bench_engine_choice.py --jsb-dir)")
+    ap.add_argument("--cache-mib", default=None,
+                    help="comma-separated bounds of xgrammar's compiler cache, in MiB: the "
+                    "prewarmed way runs once per bound (default: the engine's)")
     ap.add_argument("--one", choices=["cold", "prewarmed"], help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     if args.one is not None:
+        mib = None if args.cache_mib is None else int(args.cache_mib)
         print(json.dumps(run_one(args.one == "prewarmed", args.skip, args.limit,
-                                 args.tokenizer, args.files)))
+                                 args.tokenizer, args.files, mib)))
         return
     rows = []
-    for way in ("cold", "prewarmed"):
+    bounds = [None] if args.cache_mib is None else args.cache_mib.split(",")
+    ways = [("cold", None)] + [("prewarmed", bound) for bound in bounds]
+    for way, bound in ways:
         out = subprocess.run([sys.executable, __file__, "--one", way, "--skip", str(args.skip),
                               "--limit", str(args.limit), "--tokenizer", args.tokenizer,
-                              "--files", args.files],
+                              "--files", args.files,
+                              *(["--cache-mib", bound] if bound is not None else [])],
                              capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)

@@ -90,6 +90,34 @@ def test_the_upgrade_is_queued_before_the_compile_resolves(rt, monkeypatch):
     assert seen == ["running"]
 
 
+def test_an_upgrade_done_before_the_first_compile_is_attached_when_it_is_delivered(
+        rt, monkeypatch):
+    """The upgrade starts with the submission, beside the first compile: one that compiled
+    first waits for that compile and is attached to it (its requests move at their second
+    mask, later ones get it)."""
+    spec = GrammarSpec.json_schema(SCHEMA)
+    real = service.CompileService._settle
+
+    def late(self, key, spec_, fut, result, errors):
+        def settle_once_the_upgrade_waits():
+            deadline = time.monotonic() + 60
+            while key not in self._early_upgrades and time.monotonic() < deadline:
+                time.sleep(0.01)
+            real(self, key, spec_, fut, result, errors)
+
+        threading.Thread(target=settle_once_the_upgrade_waits, daemon=True).start()
+
+    monkeypatch.setattr(service.CompileService, "_settle", late)
+    first = rt.compile(spec, timeout=60)
+    monkeypatch.undo()
+    assert first.engine_name == "llguidance"
+    assert first.upgraded is not None and first.upgraded.engine_name == UPGRADE_ENGINE
+    assert rt.upgrade_state(spec) == "done" and not rt._service._early_upgrades
+    assert rt.compile(spec) is first.upgraded
+    assert {text: decide_text(rt, SCHEMA, text) for text in TEXTS} == TEXTS
+    assert rt.metrics()["upgrades"] == 1 and rt.metrics()["upgrades_dropped"] == 0
+
+
 def _llguidance_and_upgrade(info, schema):
     """A runtime without upgrades (its grammar for ``schema`` is llguidance's) and that
     grammar with ``upgraded`` set to xgrammar's, compiled by a second runtime: hand-overs

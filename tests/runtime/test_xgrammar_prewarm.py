@@ -20,7 +20,11 @@ import pytest
 from portable_guided.runtime import GrammarRuntime, GrammarSpec, load_tokenizer_info
 from portable_guided.runtime import compile_service as service
 from portable_guided.runtime.engines import create_engine
-from portable_guided.runtime.engines.xgrammar_prewarm import prewarm, prewarm_schemas
+from portable_guided.runtime.engines.xgrammar_prewarm import (
+    SEED_SCHEMA,
+    prewarm,
+    prewarm_schemas,
+)
 
 pytest.importorskip("xgrammar")
 pytest.importorskip("llguidance")
@@ -77,7 +81,7 @@ def test_each_prewarm_schema_holds_rules_that_real_schemas_hold(engine):
     baseline = {"string": rule_bodies(engine, {"type": "string"}),
                 "object": rule_bodies(engine, {"type": "object"})}
     checked = 0
-    for schema in prewarm_schemas():
+    for schema in list(prewarm_schemas())[1:]:  # (after the seed: below)
         own = rule_bodies(engine, schema) - baseline[schema["type"]]
         assert own, f"{schema} compiles to no rule of its own"
         if schema["type"] == "string":  # (its pattern, or its repeat of characters)
@@ -94,6 +98,17 @@ def test_each_prewarm_schema_holds_rules_that_real_schemas_hold(engine):
             assert not missing, f"{schema}'s rules {sorted(missing)} are not in {context}"
             checked += 1
     assert checked >= 4 * 60
+
+
+def test_the_seed_comes_first_a_closed_object_of_the_shared_json_rules(engine):
+    # The first grammar holding a shared rule decides how xgrammar keeps its masks: a
+    # closed object's way, the most common (engines/xgrammar_prewarm.py, SEED_SCHEMA).
+    schemas = list(prewarm_schemas())
+    assert schemas[0] is SEED_SCHEMA and SEED_SCHEMA not in schemas[1:]
+    ebnf = engine.prepared_ebnf(engine.prepare(GrammarSpec.json_schema(SEED_SCHEMA)))
+    assert "pg_free_name" not in ebnf and "addl" not in ebnf, ebnf  # (no open object)
+    for rule in ("basic_string_sub", "basic_integer", "basic_number", "basic_boolean"):
+        assert re.search(rf"^{rule} ::=", ebnf, re.MULTILINE), f"{rule} not in the seed's grammar"
 
 
 def test_prewarm_compiles_every_schema_and_stops_when_told(engine):

@@ -53,14 +53,18 @@ _PAYLOAD_KIND = "xgrammar-json"
 
 #: Memory bound of each engine's ``xgrammar.GrammarCompiler`` cache (per process: the
 #: runtime's and each compile worker's engine; it grows only with what the process
-#: compiles), vLLM's default (``VLLM_XGRAMMAR_CACHE_MB``). Its gain comes from token masks
-#: shared between grammars: every state of a string's ``maxLength``, a format's pattern, an
-#: open object's names. A bound of 16 MiB held the JSON sub-grammars but not those (a
-#: ``maxLength: 255`` string is about 13 MiB of masks): the second schema with an email
-#: compiled in 310 ms at 16 MiB, 4 ms at 512; the fourth 40 MaskBench schemas of each file,
-#: one after another, 13.7 s -> 10.4 s in all, 27 -> 14 over 100 ms
-#: (``bench/bench_compiler_cache.py``).
-COMPILER_CACHE_BYTES = 512 << 20
+#: compiles). Its gain comes from token masks shared between grammars: every state of a
+#: string's ``maxLength``, a format's pattern, an open object's names. A bound of 16 MiB held
+#: the JSON sub-grammars but not those (a ``maxLength: 255`` string is about 13 MiB of
+#: masks): the second schema with an email compiled in 310 ms at 16 MiB, 4 ms at 512
+#: (``bench/bench_compiler_cache.py``). xgrammar gives a third of the bound to those shared
+#: rule masks (the rest to whole grammars), evicted least recently used: at vLLM's 512 MiB
+#: (``VLLM_XGRAMMAR_CACHE_MB``) that third (170 MiB) is less than the start-up prewarm puts
+#: there at a 129k vocabulary (about 285 MiB in all), so its longest length bounds evicted
+#: its open-object names (Github_easy o14464 then compiled in 514 ms, 42 ms at 1 GiB;
+#: ``bench/bench_prewarm.py``). 1 GiB holds the prewarm with room to spare at vocabularies
+#: up to about 150k; the memory used is what was compiled, not the bound.
+COMPILER_CACHE_BYTES = 1 << 30
 
 
 def tokenizer(info: TokenizerInfo) -> xgrammar.TokenizerInfo:
