@@ -212,8 +212,8 @@ class CompileService:
     ``upgrade=True`` (with ``engine="auto"`` and a time limit): a JSON schema that ``auto``
     compiles with an engine other than :data:`UPGRADE_ENGINE` is compiled with that one in
     the background from its submission on (side by side with ``auto``'s first compile; one
-    that finishes first is attached when that compile is delivered), one upgrade at a time (at most
-    :data:`UPGRADES_QUEUED_MAX` queued), in a worker at the long lane's priority that
+    that finishes first is attached when that compile is delivered), one upgrade at a time
+    (at most :data:`UPGRADES_QUEUED_MAX` queued), in a worker at the long lane's priority that
     starts only while no other compile waits, within :data:`UPGRADE_LIMIT_S`. Once it
     compiled, later requests get it and requests already running move to it at their next
     mask (``CompiledGrammar.upgraded``; both engines accept the same language:
@@ -595,10 +595,10 @@ class CompileService:
                         and result.engine_name != UPGRADE_ENGINE)
             if result is not None:
                 self._memory.put(key, result, result.nbytes)
-                if attached:
+                if early is not None and attached:
                     # The upgrade compiled first: requests made with this grammar move to
                     # it at their second mask, later ones get it.
-                    self._attach_upgrade(key, spec, result, early)  # type: ignore[arg-type]
+                    self._attach_upgrade(key, spec, result, early)
             else:
                 error = _combine(errors)
                 # A dead worker says nothing about the grammar: the next request retries.
