@@ -12,7 +12,11 @@ import pytest
 
 from portable_guided.runtime import GrammarSpec, load_tokenizer_info
 from portable_guided.runtime.engines import create_engine
-from portable_guided.runtime.engines.xgrammar_free_names import share_free_name_tails
+from portable_guided.runtime.engines.xgrammar_free_names import (
+    NAME_BLOCKS,
+    share_free_name_tails,
+    way_out_pieces,
+)
 from portable_guided.runtime.engines.xgrammar_surrogates import exclude_surrogates
 
 xgr = pytest.importorskip("xgrammar")
@@ -36,6 +40,10 @@ SCHEMAS = [
     {"type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/p"}}},
      "$defs": {"p": {"type": "object", "properties": {"id": {"type": "integer"},
                                                       "idx": {"type": "string"}}}}},
+    # forks on letters of every block (a way out of several letters is split in pieces)
+    {"type": "object", "properties": {n: {"type": "integer"} for n in (
+        "user_id", "user_name", "userId", "user9", "User", "x1", "x2", "_meta", "9lives",
+        "alpha", "beta", "gamma", "omega", "zeta")}},
 ]
 
 #: One valid instance of each: declared names in xgrammar's order, then free ones.
@@ -45,6 +53,8 @@ INSTANCES = [
     {"名前": "x", "éte": 1, "name": "n", "名": 3, "é": "e", "nam": False},
     {"dimensions": {"height": 1, "width": 2, "w": 3, "heigh": {}}, "shape": "circle", "sh": 1},
     {"items": [{"id": 1, "idx": "a", "i": 2, "idxx": 3}, {}], "item": 0},
+    {"user_id": 1, "userId": 2, "User": 3, "x1": 4, "zeta": 5, "user": 6, "userX": 7, "x": 8,
+     "_": 9, "Users": 10, "9": 11, "delta": 12},
 ]
 
 
@@ -119,10 +129,48 @@ def test_every_state_of_xgrammars_trie_is_rewritten(engine, case):
     rewritten = {line.partition(" ::= ")[0]: line for line in after.splitlines()}
     for line in states:
         assert not WAY_OUT.search(rewritten[line.partition(" ::= ")[0]]), line
-    shared = [line for line in after.splitlines() if line.startswith("pg_free_name_")]
+    shared = [line for line in after.splitlines() if re.match(r"pg_free_name_\d+ ::= ", line)]
     ways_out = {m.group(0) for line in states for m in WAY_OUT.finditer(line)}
     assert len(shared) == len(ways_out) < len(states) + 1
-    assert all(line.endswith(r"(=([ \n\r\t]* [,}\]:]))") for line in shared)
+    lookahead = r"(=([ \n\r\t]* [,}\]:]))"
+    pieces = {line.partition(" ::= ")[0]: line for line in after.splitlines()
+              if line.startswith("pg_free_name_") and line not in shared}
+    for line in shared:  # the way out itself, or a union of pieces that hold the lookahead
+        union = re.fullmatch(r"\S+ ::= \((\w+(?: \| \w+)*)\)", line)
+        if union is None:
+            assert line.endswith(lookahead), line
+        else:
+            assert all(pieces[name].endswith(lookahead) for name in union.group(1).split(" | "))
+
+
+def test_a_way_out_of_several_letters_is_split_in_shared_pieces(engine):
+    """Schemas with other names share their pieces (the text does not depend on them)."""
+    def text(names):
+        schema = {"type": "object", "properties": {n: {"type": "string"} for n in names}}
+        return engine.prepared_ebnf(engine.prepare(GrammarSpec.json_schema(schema)))
+
+    def pieces(ebnf):
+        return {line for line in ebnf.splitlines()
+                if re.match(r"pg_free_name_(rest|b\d)", line)}
+
+    one, other = text(["base", "width"]), text(["bolt", "wax", "zed"])
+    assert pieces(one) and pieces(one) & pieces(other)
+    assert r"[^\0-\x1f\"\\\r\nbw]" not in one  # no rule of the schema's own letters
+    dollar = text(["base", "$ref"])  # a character outside the blocks: one rule, as it was
+    assert not pieces(dollar)
+    assert re.search(r'pg_free_name_\d+ ::= \(\(\[\^\\0-\\x1f\\"\\\\\\r\\n(b\$|\$b)\]', dollar)
+    assert not pieces(text(["base"]))  # one letter left out: its rule is shared as it is
+
+
+def test_the_pieces_of_a_way_out_cover_the_class_less_its_letters():
+    blocks = "".join(NAME_BLOCKS)
+    assert way_out_pieces("a") is None and way_out_pieces("a$") is None
+    assert way_out_pieces(r"a\-") is None
+    for excluded in ("ab", "aZ_", "zy9", "az"):
+        parts = way_out_pieces(excluded)
+        assert parts[0] == ("rest", None)
+        kept = "".join(k for _, k in parts[1:])
+        assert sorted(kept) == sorted(c for c in blocks if c not in excluded)
 
 
 def test_text_without_a_trie_is_unchanged():

@@ -19,6 +19,7 @@ that the rules are in (``bench/bench_prewarm.py``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import string
 import threading
@@ -26,9 +27,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..specs import GrammarSpec
+from .xgrammar_free_names import NAME_BLOCKS
 
-__all__ = ["LENGTH_MAXIMA", "NAME_FIRST_CHARACTERS", "PREWARM_FORMATS", "SEED_SCHEMA",
-           "prewarm", "prewarm_schemas"]
+__all__ = ["LENGTH_MAXIMA", "NAME_FIRST_CHARACTERS", "PIECE_LETTERS_MAX", "PREWARM_FORMATS",
+           "SEED_SCHEMA", "free_name_piece_schemas", "prewarm", "prewarm_schemas"]
 
 log = logging.getLogger(__name__)
 
@@ -68,17 +70,39 @@ SEED_SCHEMA: dict[str, Any] = {
 NAME_FIRST_CHARACTERS = string.ascii_letters + string.digits + "_$@"
 
 
+#: The most letters of one block (``xgrammar_free_names.NAME_BLOCKS``) left out by a way out
+#: whose piece is warmed; a piece leaving out more is a walk over that block's tokens only.
+PIECE_LETTERS_MAX = 3
+
+
 def prewarm_schemas() -> Iterator[dict[str, Any]]:
     """The schemas :func:`prewarm` compiles: :data:`SEED_SCHEMA`, then the rest cheapest
     first (names about 30 ms each, formats up to 0.35 s, lengths growing with the bound)."""
     yield SEED_SCHEMA
     for char in NAME_FIRST_CHARACTERS:
         yield {"type": "object", "properties": {char: {"type": "string"}}}
+    yield from free_name_piece_schemas()
     for name in PREWARM_FORMATS:
         yield {"type": "string", "format": name}
     for maximum in LENGTH_MAXIMA:
         yield {"type": "string", "maxLength": maximum}
         yield {"type": "string", "minLength": 1, "maxLength": maximum}
+
+
+def free_name_piece_schemas() -> Iterator[dict[str, Any]]:
+    """Open objects whose first letters leave out, block by block, every set of up to
+    :data:`PIECE_LETTERS_MAX` lowercase letters of a block (one letter of the last block): the
+    shared pieces of a way out of several letters (``xgrammar_free_names``), a few
+    milliseconds each."""
+    lists = [[""] + ["".join(c) for n in range(1, (PIECE_LETTERS_MAX if block.islower() else 1)
+                                                + 1)
+                     for c in itertools.combinations(block, n)]
+             for block in NAME_BLOCKS]
+    for k in range(1, max(map(len, lists))):
+        letters = "".join(sets[k] if k < len(sets) else "" for sets in lists)
+        if len(letters) < 2:  # (one letter left out is a rule of its own, warmed above)
+            letters += "a" if "a" not in letters else "b"
+        yield {"type": "object", "properties": {c + "q": {"type": "string"} for c in letters}}
 
 
 def prewarm(engine: Any, stop: threading.Event | None = None) -> tuple[int, int]:
