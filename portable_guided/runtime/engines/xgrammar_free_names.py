@@ -60,7 +60,7 @@ NAME_BLOCKS = ("abcdef", "ghijklm", "nopqrs", "tuvwxyz",
                "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 _BLOCKED = frozenset("".join(NAME_BLOCKS))
 # A state of a free name's trie, and the free name's own rule (which holds the lookahead).
-_STATE = re.compile(r"^(\w+_addl_key)_\d+$")
+_STATE = re.compile(r"^(\S+_addl_key)_\d+$")  # (a name from $defs keeps its "." or "-")
 _LOOKAHEAD = re.compile(r"\s(\(=\(.*\)\))$")
 
 
