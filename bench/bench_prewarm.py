@@ -5,6 +5,9 @@ each in a fresh process: the total, the compile-time percentiles and the schemas
 and 100 ms, and what the prewarm itself cost (seconds, compiler-cache MiB). The same
 schemas in the same order both ways. ``--cache-mib 512,1024`` runs the prewarmed way once
 per bound of xgrammar's compiler cache (``COMPILER_CACHE_BYTES``; default: the engine's).
+``--ways cold,prewarmed,whole`` adds the prewarmed way with a way out of several letters
+written as one rule of its own (``whole``: no shared pieces, ``xgrammar_free_names``, and
+none warmed), as before session 34.
 
     PYTHONPATH=. python bench/bench_prewarm.py --skip 120 --limit 40 \\
         --json bench/results/prewarm_cpu.json
@@ -23,20 +26,25 @@ from bench_compiler_cache import FILES, compiled_in_a_row  # (this script's fold
 
 
 def run_one(prewarmed: bool, skip: int, limit: int, tokenizer: str, files: str,
-            cache_mib: int | None = None) -> dict[str, Any]:
+            cache_mib: int | None = None, pieces: bool = True) -> dict[str, Any]:
     """Compile the schemas on a new engine (in this process), after the prewarm or not,
-    its compiler cache bounded at ``cache_mib`` (None: the engine's default)."""
+    its compiler cache bounded at ``cache_mib`` (None: the engine's default); ``pieces``
+    False: ways out of several letters as rules of their own, none warmed."""
     import logging
 
     from portable_guided.runtime import load_tokenizer_info
     from portable_guided.runtime.engines import xgrammar as xgrammar_engine
+    from portable_guided.runtime.engines import xgrammar_free_names, xgrammar_prewarm
     from portable_guided.runtime.engines.xgrammar_prewarm import prewarm
 
     logging.disable(logging.WARNING)
+    if not pieces:
+        xgrammar_free_names.way_out_pieces = lambda excluded: None  # type: ignore[assignment]
+        xgrammar_prewarm.free_name_piece_schemas = lambda: iter(())  # type: ignore[assignment]
     if cache_mib is not None:
         xgrammar_engine.COMPILER_CACHE_BYTES = cache_mib << 20
     engine = xgrammar_engine.XGrammarEngine.create(load_tokenizer_info(tokenizer))
-    row: dict[str, Any] = {"prewarm": prewarmed,
+    row: dict[str, Any] = {"prewarm": prewarmed, "pieces": pieces,
                            "cache_mib": xgrammar_engine.COMPILER_CACHE_BYTES >> 20}
     if prewarmed:
         t0 = time.perf_counter()
@@ -58,17 +66,22 @@ def main() -> None:
     ap.add_argument("--cache-mib", default=None,
                     help="comma-separated bounds of xgrammar's compiler cache, in MiB: the "
                     "prewarmed way runs once per bound (default: the engine's)")
-    ap.add_argument("--one", choices=["cold", "prewarmed"], help=argparse.SUPPRESS)
+    ap.add_argument("--ways", default="cold,prewarmed",
+                    help="comma-separated: cold, prewarmed (once per --cache-mib bound), "
+                    "whole (prewarmed, no shared pieces of a way out of several letters)")
+    ap.add_argument("--one", choices=["cold", "prewarmed", "whole"], help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     if args.one is not None:
         mib = None if args.cache_mib is None else int(args.cache_mib)
-        print(json.dumps(run_one(args.one == "prewarmed", args.skip, args.limit,
-                                 args.tokenizer, args.files, mib)))
+        print(json.dumps(run_one(args.one != "cold", args.skip, args.limit,
+                                 args.tokenizer, args.files, mib, pieces=args.one != "whole")))
         return
     rows = []
     bounds = [None] if args.cache_mib is None else args.cache_mib.split(",")
-    ways = [("cold", None)] + [("prewarmed", bound) for bound in bounds]
+    chosen = args.ways.split(",")
+    ways = [(way, bound) for way in chosen
+            for bound in (bounds if way == "prewarmed" else [None])]
     for way, bound in ways:
         out = subprocess.run([sys.executable, __file__, "--one", way, "--skip", str(args.skip),
                               "--limit", str(args.limit), "--tokenizer", args.tokenizer,

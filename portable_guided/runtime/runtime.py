@@ -74,7 +74,7 @@ class GrammarRuntime:
     upgrades");
     ``engine_prewarm`` (default on, with the upgrades): at start, a background thread at
     the lowest priority compiles the rules that recur across JSON schemas (length bounds,
-    formats, open objects' names) with xgrammar, about 28 s of one core and 285 MiB of its
+    formats, open objects' names) with xgrammar, about 28 s of one core and 320 MiB of its
     compiler cache, so that a new schema's upgrade finds their token masks computed
     (docs/latency.md, "Engine upgrades");
     ``compile_race=True`` races each worker compile with the same compile in this process

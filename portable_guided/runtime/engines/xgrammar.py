@@ -60,7 +60,7 @@ _PAYLOAD_KIND = "xgrammar-json"
 #: (``bench/bench_compiler_cache.py``). xgrammar gives a third of the bound to those shared
 #: rule masks (the rest to whole grammars), evicted least recently used: at vLLM's 512 MiB
 #: (``VLLM_XGRAMMAR_CACHE_MB``) that third (170 MiB) is less than the start-up prewarm puts
-#: there at a 129k vocabulary (about 285 MiB in all), so its longest length bounds evicted
+#: there at a 129k vocabulary (about 320 MiB in all), so its longest length bounds evicted
 #: its open-object names (Github_easy o14464 then compiled in 514 ms, 42 ms at 1 GiB;
 #: ``bench/bench_prewarm.py``). 1 GiB holds the prewarm with room to spare at vocabularies
 #: up to about 150k; the memory used is what was compiled, not the bound.

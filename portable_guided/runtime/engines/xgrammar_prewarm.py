@@ -5,14 +5,14 @@ hands them to any later grammar with the same rule (``COMPILER_CACHE_BYTES``). T
 that cost the most recur from schema to schema: a string's length bound (every count is a
 state whose mask walks the whole vocabulary: 0.37 s for the first ``maxLength: 50`` at
 DeepSeek's 128k vocabulary, 2.3 s for 255), a format's pattern (an email 0.33 s), and the
-way out of each declared name of an open object (one rule per letter left out,
-``xgrammar_free_names``). The first schema that holds one pays for it; later ones compile in
+way out of each declared name of an open object (one rule per letter left out, and the
+pieces of a way out of several letters, ``xgrammar_free_names``). The first schema that holds one pays for it; later ones compile in
 milliseconds. :func:`prewarm_schemas` lists small schemas made of those rules, and
 :func:`prewarm` compiles them through the engine's own path (the same lowering, so the same
 rule text and automaton as a real schema's).
 
 The runtime runs it once at start, in the background at the lowest priority
-(``CompileService``, ``engine_prewarm``): about 28 s of one core and 285 MiB of the
+(``CompileService``, ``engine_prewarm``): about 28 s of one core and 320 MiB of the
 compiler cache at DeepSeek's vocabulary; it shortens the engine upgrades of new schemas
 that the rules are in (``bench/bench_prewarm.py``).
 """
