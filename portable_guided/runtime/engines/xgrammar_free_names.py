@@ -58,7 +58,8 @@ _WAY_OUT = re.compile(
 #: state's mask: fewer blocks, cheaper masks; smaller blocks, cheaper new pieces.
 NAME_BLOCKS = ("abcdef", "ghijklm", "nopqrs", "tuvwxyz",
                "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-_BLOCKED = frozenset("".join(NAME_BLOCKS))
+_BLOCKED_TEXT = "".join(NAME_BLOCKS)
+_BLOCKED = frozenset(_BLOCKED_TEXT)
 # A state of a free name's trie, and the free name's own rule (which holds the lookahead).
 _STATE = re.compile(r"^(\S+_addl_key)_\d+$")  # (a name from $defs keeps its "." or "-")
 _LOOKAHEAD = re.compile(r"\s(\(=\(.*\)\))$")
@@ -112,23 +113,19 @@ def share_free_name_tails(ebnf: str) -> str:
         for part, kept in parts:
             piece = f"{prefix}{part}" + (f"_{_hex(lookahead)}" if lookahead else "")
             names.append(piece)
-            body = _way_out("".join(_BLOCKED_SORTED)) if kept is None else \
-                f"(([{kept}] basic_string_sub))"
+            body = _way_out(_BLOCKED_TEXT) if kept is None else f"(([{kept}] basic_string_sub))"
             pieces[piece] = f"{piece} ::= {body} {lookahead}".rstrip()
         out.append(f"{rule} ::= ({' | '.join(names)})")
     out.extend(pieces.values())
     return "\n".join(out) + ("\n" if ebnf.endswith("\n") else "")
 
 
-_BLOCKED_SORTED = "".join(NAME_BLOCKS)
-
-
 def way_out_pieces(excluded: str) -> list[tuple[str, str | None]] | None:
     """The pieces of a way out that leaves out the characters ``excluded`` (a class's text
-    as xgrammar writes it): ``(name, kept characters)`` pairs, ``("rest", None)`` first (every character outside the blocks, and
-    escapes), then each block less ``excluded`` (a block left out whole has none); None
-    where ``excluded`` is one character (its rule is shared as it is) or holds one outside
-    :data:`NAME_BLOCKS`.
+    as xgrammar writes it): ``(name, kept characters)`` pairs, ``("rest", None)`` first
+    (every character outside the blocks, and escapes), then each block less ``excluded``
+    (a block left out whole has none); None where ``excluded`` is one character (its rule
+    is shared as it is) or holds one outside :data:`NAME_BLOCKS`.
 
     >>> way_out_pieces("ba")
     [('rest', None), ('b0_61_62', 'cdef'), ('b1', 'ghijklm'), ('b2', 'nopqrs'), \
