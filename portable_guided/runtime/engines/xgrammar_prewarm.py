@@ -6,7 +6,8 @@ that cost the most recur from schema to schema: a string's length bound (every c
 state whose mask walks the whole vocabulary: 0.37 s for the first ``maxLength: 50`` at
 DeepSeek's 128k vocabulary, 2.3 s for 255), a format's pattern (an email 0.33 s), and the
 way out of each declared name of an open object (one rule per letter left out, and the
-pieces of a way out of several letters, ``xgrammar_free_names``). The first schema that holds one pays for it; later ones compile in
+pieces of a way out of several letters, ``xgrammar_free_names``). The first schema that
+holds one pays for it; later ones compile in
 milliseconds. :func:`prewarm_schemas` lists small schemas made of those rules, and
 :func:`prewarm` compiles them through the engine's own path (the same lowering, so the same
 rule text and automaton as a real schema's).
@@ -94,12 +95,13 @@ def free_name_piece_schemas() -> Iterator[dict[str, Any]]:
     :data:`PIECE_LETTERS_MAX` lowercase letters of a block (one letter of the last block): the
     shared pieces of a way out of several letters (``xgrammar_free_names``), a few
     milliseconds each."""
-    lists = [[""] + ["".join(c) for n in range(1, (PIECE_LETTERS_MAX if block.islower() else 1)
-                                                + 1)
-                     for c in itertools.combinations(block, n)]
-             for block in NAME_BLOCKS]
-    for k in range(1, max(map(len, lists))):
-        letters = "".join(sets[k] if k < len(sets) else "" for sets in lists)
+    def left_out(block: str) -> list[str]:  # "" first: the block whole
+        most = PIECE_LETTERS_MAX if block.islower() else 1
+        return ["".join(c) for n in range(most + 1) for c in itertools.combinations(block, n)]
+
+    subsets = [left_out(block) for block in NAME_BLOCKS]
+    for k in range(1, max(map(len, subsets))):
+        letters = "".join(sets[k] if k < len(sets) else "" for sets in subsets)
         if len(letters) < 2:  # (one letter left out is a rule of its own, warmed above)
             letters += "a" if "a" not in letters else "b"
         yield {"type": "object", "properties": {c + "q": {"type": "string"} for c in letters}}
