@@ -129,15 +129,15 @@ class Request:
             if bad:
                 raise ValueError(f"think_end_ids {bad[:5]} out of range [0, {self._vocab_size})")
         self._rows = context.rows
+        self._live_words = context.rows.live_words
         self._discard = context.discard
         self._compiled: Any = None
         self._metrics = context.metrics
         self._executor = context.executor
         self._lock = threading.Lock()
-        # The bitmask :meth:`fill` checked last: (it, rows, shape, NumPy view, a tensor's
-        # data pointer or None, a memoryview of its words).
-        self._seen_bitmask: tuple[Any, int, Any, Any, int | None, Any] = (
-            None, 0, None, None, None, None)
+        # The bitmask :meth:`fill` checked last: (it, rows, shape, a tensor's data pointer
+        # or None, a memoryview of its words).
+        self._seen_bitmask: tuple[Any, int, Any, int | None, Any] = (None, 0, None, None, None)
         self.on_error = on_error
         self.reasoning = reasoning
         self.stop_token_ids: tuple[int, ...] = context.rows.stop_token_ids
@@ -476,31 +476,46 @@ class Request:
     def fill(self, bitmask: Any, row: int = 0) -> None:
         """Fill ``bitmask[row]`` with this request's next-token mask (single-request path;
         use ``GrammarRuntime.fill_bitmask`` for batches)."""
+        # Every step here costs microseconds when the caches are cold, as they are after a
+        # forward pass (bench/bench_fill_overhead.py): the common case runs inline.
         seen = self._seen_bitmask
         # The buffer filled last time, same shape and (a tensor) same storage: checked then.
-        # A decode loop passes one buffer, and each check costs microseconds when the
-        # caches are cold (as they are after a forward pass).
         if (bitmask is seen[0] and type(row) is int and 0 <= row < seen[1]
                 and bitmask.shape == seen[2]
-                and (seen[4] is None or bitmask.data_ptr() == seen[4])):
-            arr, words = seen[3], seen[5]
+                and (seen[3] is None or bitmask.data_ptr() == seen[3])):
+            words = seen[4]
         else:
-            self._check_row(bitmask, row)
-            arr = as_numpy_bitmask(bitmask, self._rows.words)
-            # (its words as a memoryview: reading one is a shorter path than NumPy's)
-            words = arr.data.cast("B").cast("i", arr.shape)
-            self._seen_bitmask = (bitmask, arr.shape[0], bitmask.shape, arr,
-                                  None if type(bitmask) is np.ndarray else bitmask.data_ptr(),
-                                  words)
+            words = self._see_bitmask(bitmask, row)
         with self._lock:
-            matcher = self.fill_target(bitmask, row)
+            if (self._state is ACTIVE and self._grammar_tokens and not self._thinking
+                    and not self._forced_stop
+                    and (self._grammar_ids is None or self._compiled.upgraded is None)):
+                matcher = self._matcher  # (fill_target's common case)
+            else:
+                matcher = self.fill_target(bitmask, row)
             if matcher is None:
                 return
             matcher.fill(bitmask, row)
-            # (a byte-level BPE vocabulary puts `!"#$%...` in the first word, which a JSON
-            # mask allows at most steps: one read instead of a pass over the row)
-            if not ((words[row, 0] or np.count_nonzero(arr[row])) and matcher.error() is None):
+            # A dead end allows no token: a few words tell most rows from one (live_words).
+            for word in self._live_words:
+                if words[row, word]:
+                    break
+            else:
+                self.check_filled(bitmask, row)  # (counts the row)
+                return
+            if matcher.reports_errors and matcher.error() is not None:
                 self.check_filled(bitmask, row)
+
+    def _see_bitmask(self, bitmask: Any, row: Any) -> Any:
+        """Check a bitmask :meth:`fill` has not seen last time and remember it; returns
+        its words as a memoryview (reading one is a shorter path than NumPy's)."""
+        self._check_row(bitmask, row)
+        arr = as_numpy_bitmask(bitmask, self._rows.words)
+        words = arr.data.cast("B").cast("i", arr.shape)
+        self._seen_bitmask = (bitmask, arr.shape[0], bitmask.shape,
+                              None if type(bitmask) is np.ndarray else bitmask.data_ptr(),
+                              words)
+        return words
 
     def _check_row(self, bitmask: Any, row: Any, count: int = 1) -> None:
         """Rows ``row .. row+count-1`` exist in ``bitmask`` (an int32 ``(rows, words)`` CPU

@@ -16,7 +16,11 @@ import numpy as np
 
 from .tokenizer_info import TokenizerInfo
 
-__all__ = ["SpecialRows", "as_numpy_bitmask"]
+__all__ = ["LIVE_WORDS_MAX", "SpecialRows", "as_numpy_bitmask", "live_words"]
+
+#: At most this many words in :attr:`SpecialRows.live_words` (byte-level BPE vocabularies
+#: put the 95 characters in 3 to 5 words).
+LIVE_WORDS_MAX = 8
 
 
 class SpecialRows:
@@ -28,6 +32,10 @@ class SpecialRows:
         stop_token_ids: the tokens a finished, failed or terminated request may emit.
         stop_only: only the stop tokens allowed.
         all_but_stop: every token of the tokenizer but the stop tokens (the reasoning phase).
+        live_words: the words holding the tokens of single printable ASCII characters, the
+            fullest first (at most :data:`LIVE_WORDS_MAX`). A JSON mask allows one of them at
+            nearly every step, so reading these few words tells a live row from a dead end
+            (all zeros) without a pass over the row; only when all are 0 is the row counted.
     """
 
     def __init__(self, info: TokenizerInfo) -> None:
@@ -39,6 +47,7 @@ class SpecialRows:
         valid[: info.tokenizer_vocab_size] = 1
         valid[list(info.stop_token_ids)] = 0
         self.all_but_stop = np.packbits(valid, bitorder="little").view(np.int32).copy()
+        self.live_words = live_words(info)
         self._single: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
 
@@ -62,6 +71,19 @@ class SpecialRows:
             bitmask[row] = values
         else:
             as_numpy_bitmask(bitmask, self.words)[row] = values
+
+
+def live_words(info: TokenizerInfo) -> tuple[int, ...]:
+    """The bitmask words (indices) holding the tokens of single printable ASCII characters
+    (each character encoded alone, where that gives one token), the fullest first, at most
+    :data:`LIVE_WORDS_MAX`; empty if no character is a token of its own."""
+    counts: dict[int, int] = {}
+    for code in range(0x20, 0x7F):
+        ids = info.encode(chr(code))
+        if len(ids) == 1 and 0 <= ids[0] < info.vocab_size:
+            counts[ids[0] >> 5] = counts.get(ids[0] >> 5, 0) + 1
+    ranked = sorted(counts, key=lambda word: (-counts[word], word))
+    return tuple(ranked[:LIVE_WORDS_MAX])
 
 
 def as_numpy_bitmask(bitmask: Any, words: int) -> np.ndarray:

@@ -171,6 +171,37 @@ def test_dead_end_row_fails_the_request_instead_of_masking_everything(local, inf
         assert not other.failed and allowed(bm[0], rt.vocab_size).size > 1
 
 
+def test_live_words_hold_every_single_character_token(info):
+    """The words a fill reads before counting a row (``SpecialRows.live_words``): exactly
+    those holding a printable ASCII character's own token, fullest first, against the
+    tokenizer's decoding of every id in them."""
+    from portable_guided.runtime.rows import live_words
+
+    words = live_words(info)
+    singles = {t for t in range(info.vocab_size)
+               if len(info.decode([t])) == 1 and " " <= info.decode([t]) <= "~"
+               and info.encode(info.decode([t])) == [t]}
+    counts = {w: sum(t >> 5 == w for t in singles) for w in {t >> 5 for t in singles}}
+    assert set(words) == set(counts) and len(words) <= 8, (words, counts)
+    assert [counts[w] for w in words] == sorted(counts.values(), reverse=True)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_live_row_without_ascii_tokens_is_not_a_dead_end(local, info, engine):
+    """After one ``é`` of ``é{3}`` only tokens of ``é`` (and its bytes) continue: no word
+    the fill reads first holds one, so it counts the row, finds it live and goes on."""
+    rt = local[engine]
+    req = rt.new_request(GrammarSpec.regex("é{3}"), on_error="reject").wait(60)
+    for token in info.encode("é"):
+        assert req.accept(token)
+    bm = rt.allocate_bitmask(1)
+    req.fill(bm, 0)
+    assert not bm[0, list(rt.special_rows.live_words)].any()  # (what this test is about)
+    assert not req.failed, req.error
+    assert set(info.encode("é")) <= set(allowed(bm[0], rt.vocab_size).tolist())
+    assert not set(info.stop_token_ids) & set(allowed(bm[0], rt.vocab_size).tolist())
+
+
 def resample_until_done(req: Request, rt: GrammarRuntime, steps: int = 50) -> int:
     """An engine loop that resamples on rejection: the first allowed token that ``accept``
     takes, until a stop token is taken. Returns the steps taken; fails on a livelock."""
