@@ -146,6 +146,7 @@ class Request:
         self.in_prefill = False
         self._state = PENDING
         self._engine: Engine | None = None
+        self._matcher_errors = False  # the engine's matchers can enter an error state
         self._matcher: Matcher | None = None
         self._error: BaseException | None = None
         self._forced_stop = False
@@ -254,6 +255,7 @@ class Request:
                 return
             compiled = fut.result()
             self._engine = compiled.engine
+            self._matcher_errors = compiled.engine.matcher_errors
             self._compiled = compiled
             try:
                 self._matcher = compiled.engine.new_matcher(compiled.grammar)
@@ -503,7 +505,7 @@ class Request:
             else:
                 self.check_filled(bitmask, row)  # (counts the row)
                 return
-            if matcher.reports_errors and matcher.error() is not None:
+            if self._matcher_errors and matcher.error() is not None:
                 self.check_filled(bitmask, row)
 
     def _see_bitmask(self, bitmask: Any, row: Any) -> Any:
@@ -596,6 +598,7 @@ class Request:
             self._metrics.inc("handovers_failed")
             return
         self._matcher, self._engine, self._compiled = matcher, new.engine, new
+        self._matcher_errors = new.engine.matcher_errors
         self._metrics.inc("handovers")
 
     def _fill_special(self, bitmask: Any, row: int) -> None:

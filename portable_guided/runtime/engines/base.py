@@ -18,7 +18,7 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ...json_schema.errors import EmptyLanguage
 from ..specs import GrammarSpec
@@ -83,10 +83,6 @@ class Matcher(ABC):
     :class:`~portable_guided.runtime.request.Request` that owns it serializes access."""
 
     __slots__ = ()
-
-    #: False where :meth:`error` is always None (the engine has no error state), so a
-    #: request skips the call after each mask.
-    reports_errors: ClassVar[bool] = True
 
     @abstractmethod
     def accept(self, token_id: int) -> bool:

@@ -114,7 +114,6 @@ class XGrammarMatcher(Matcher):
     """A request's ``xgrammar.GrammarMatcher``."""
 
     __slots__ = ("_fill", "_m")
-    reports_errors = False  # (an xgrammar matcher rejects a token; it has no error state)
 
     def __init__(self, matcher: Any) -> None:
         self._m = matcher
