@@ -14,6 +14,7 @@ from portable_guided.runtime import GrammarSpec, load_tokenizer_info
 from portable_guided.runtime.engines import create_engine
 from portable_guided.runtime.engines.xgrammar_free_names import (
     NAME_BLOCKS,
+    merge_equal_tries,
     share_free_name_tails,
     way_out_pieces,
 )
@@ -51,6 +52,13 @@ SCHEMAS = [
          "day": {"type": "number"}, "month": {"type": "number"}, "year": {"type": "number"}}},
          "time-span": {"type": "object", "properties": {"from": {"type": "string"},
                                                        "to": {"type": "string"}}}}},
+    # one open object in two anyOf branches, and one definition reached twice: equal tries
+    {"type": "object", "properties": {
+        "alpha": {"type": "string"}, "beta": {"$ref": "#/$defs/pt"},
+        "gamma": {"$ref": "#/$defs/pt"}},
+     "anyOf": [{"required": ["alpha"]}, {"required": ["beta"]}],
+     "$defs": {"pt": {"type": "object", "properties": {"x": {"type": "number"},
+                                                       "y": {"type": "number"}}}}},
 ]
 
 #: One valid instance of each: declared names in xgrammar's order, then free ones.
@@ -64,6 +72,8 @@ INSTANCES = [
      "_": 9, "Users": 10, "9": 11, "delta": 12},
     {"date": {"day": 1, "month": 2, "year": 3, "da": 4, "hour": 5},
      "span": {"from": "a", "to": "b", "t": 1}, "dat": 0},
+    {"alpha": "a", "beta": {"x": 1, "y": 2, "z": 3}, "gamma": {"x": 0, "xy": 1}, "al": 1,
+     "betas": True},
 ]
 
 
@@ -137,7 +147,11 @@ def test_every_state_of_xgrammars_trie_is_rewritten(engine, case):
     assert states, "xgrammar wrote no free-name trie for an open object"
     rewritten = {line.partition(" ::= ")[0]: line for line in after.splitlines()}
     for line in states:
-        assert not WAY_OUT.search(rewritten[line.partition(" ::= ")[0]]), line
+        name = line.partition(" ::= ")[0]
+        if name in rewritten:
+            assert not WAY_OUT.search(rewritten[name]), line
+        else:  # a trie merged into an equal one: no use of it is left
+            assert not re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", after), name
     shared = [line for line in after.splitlines() if re.match(r"pg_free_name_\d+ ::= ", line)]
     ways_out = {m.group(0) for line in states for m in WAY_OUT.finditer(line)}
     assert len(shared) == len(ways_out) < len(states) + 1
@@ -150,6 +164,32 @@ def test_every_state_of_xgrammars_trie_is_rewritten(engine, case):
             assert line.endswith(lookahead), line
         else:
             assert all(pieces[name].endswith(lookahead) for name in union.group(1).split(" | "))
+
+
+def test_equal_tries_are_compiled_once(engine):
+    """The anyOf's two branches hold one open object, so one trie (the other's uses point
+    at it); tries of other text stay apart."""
+    schema = {"type": "object", "properties": {"alpha": {"type": "string"},
+                                               "beta": {"type": "integer"}},
+              "anyOf": [{"required": ["alpha"]}, {"required": ["beta"]}]}
+    text, _ = engine.prepare(GrammarSpec.json_schema(schema))
+    before = str(xgr.Grammar.from_json_schema(text, any_whitespace=True, strict_mode=False))
+    after = share_free_name_tails(before)
+
+    def tries(ebnf):
+        return {m.group(1) for m in re.finditer(r"^(\S+_addl_key) ::= ", ebnf, re.MULTILINE)}
+
+    assert len(tries(before)) == 2 and len(tries(after)) == 1
+    (kept,) = tries(after)
+    assert after.count(f" {kept} ") == 2  # used by both branches' properties
+    states = [line for line in after.splitlines() if line.startswith(f"{kept}_")]
+    assert len(states) == sum(line.startswith(f"{kept}_") for line in before.splitlines())
+    text, _ = engine.prepare(GrammarSpec.json_schema(SCHEMAS[-1]))  # (the masks' case)
+    before = str(xgr.Grammar.from_json_schema(text, any_whitespace=True, strict_mode=False))
+    assert len(tries(share_free_name_tails(before))) < len(tries(before))
+    differ = ('a_addl_key ::= ((a_addl_key_1))\na_addl_key_1 ::= (("x"))\n'
+              'b_addl_key ::= ((b_addl_key_1))\nb_addl_key_1 ::= (("y"))\n')
+    assert merge_equal_tries(differ) == differ
 
 
 def test_a_way_out_of_several_letters_is_split_in_shared_pieces(engine):
