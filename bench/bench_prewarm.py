@@ -7,7 +7,8 @@ schemas in the same order both ways. ``--cache-mib 512,1024`` runs the prewarmed
 per bound of xgrammar's compiler cache (``COMPILER_CACHE_BYTES``; default: the engine's).
 ``--ways cold,prewarmed,whole`` adds the prewarmed way with a way out of several letters
 written as one rule of its own (``whole``: no shared pieces, ``xgrammar_free_names``, and
-none warmed), as before session 34.
+none warmed), as before session 34; ``unmerged``: prewarmed, with equal free-name tries
+compiled once each (``merge_equal_tries`` off), as before session 35.
 
     PYTHONPATH=. python bench/bench_prewarm.py --skip 120 --limit 40 \\
         --json bench/results/prewarm_cpu.json
@@ -26,10 +27,12 @@ from bench_compiler_cache import FILES, compiled_in_a_row  # (this script's fold
 
 
 def run_one(prewarmed: bool, skip: int, limit: int, tokenizer: str, files: str,
-            cache_mib: int | None = None, pieces: bool = True) -> dict[str, Any]:
+            cache_mib: int | None = None, pieces: bool = True,
+            merged: bool = True) -> dict[str, Any]:
     """Compile the schemas on a new engine (in this process), after the prewarm or not,
     its compiler cache bounded at ``cache_mib`` (None: the engine's default); ``pieces``
-    False: ways out of several letters as rules of their own, none warmed."""
+    False: ways out of several letters as rules of their own, none warmed; ``merged``
+    False: equal free-name tries each compiled."""
     import logging
 
     from portable_guided.runtime import load_tokenizer_info
@@ -41,10 +44,12 @@ def run_one(prewarmed: bool, skip: int, limit: int, tokenizer: str, files: str,
     if not pieces:
         xgrammar_free_names.way_out_pieces = lambda excluded: None  # type: ignore[assignment]
         xgrammar_prewarm.free_name_piece_schemas = lambda: iter(())  # type: ignore[assignment]
+    if not merged:
+        xgrammar_free_names.merge_equal_tries = lambda ebnf: ebnf  # type: ignore[assignment]
     if cache_mib is not None:
         xgrammar_engine.COMPILER_CACHE_BYTES = cache_mib << 20
     engine = xgrammar_engine.XGrammarEngine.create(load_tokenizer_info(tokenizer))
-    row: dict[str, Any] = {"prewarm": prewarmed, "pieces": pieces,
+    row: dict[str, Any] = {"prewarm": prewarmed, "pieces": pieces, "merged": merged,
                            "cache_mib": xgrammar_engine.COMPILER_CACHE_BYTES >> 20}
     if prewarmed:
         t0 = time.perf_counter()
@@ -68,14 +73,17 @@ def main() -> None:
                     "prewarmed way runs once per bound (default: the engine's)")
     ap.add_argument("--ways", default="cold,prewarmed",
                     help="comma-separated: cold, prewarmed (once per --cache-mib bound), "
-                    "whole (prewarmed, no shared pieces of a way out of several letters)")
-    ap.add_argument("--one", choices=["cold", "prewarmed", "whole"], help=argparse.SUPPRESS)
+                    "whole (prewarmed, no shared pieces of a way out of several letters), "
+                    "unmerged (prewarmed, equal free-name tries each compiled)")
+    ap.add_argument("--one", choices=["cold", "prewarmed", "whole", "unmerged"],
+                    help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     if args.one is not None:
         mib = None if args.cache_mib is None else int(args.cache_mib)
         print(json.dumps(run_one(args.one != "cold", args.skip, args.limit,
-                                 args.tokenizer, args.files, mib, pieces=args.one != "whole")))
+                                 args.tokenizer, args.files, mib, pieces=args.one != "whole",
+                                 merged=args.one != "unmerged")))
         return
     rows = []
     bounds = [None] if args.cache_mib is None else args.cache_mib.split(",")
