@@ -67,9 +67,8 @@ NAME_BLOCKS = ("abcdef", "ghijklm", "nopqrs", "tuvwxyz",
                "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 _BLOCKED_TEXT = "".join(NAME_BLOCKS)
 _BLOCKED = frozenset(_BLOCKED_TEXT)
-# A state of a free name's trie, and the free name's own rule (which holds the lookahead).
-_STATE = re.compile(r"^(\S+_addl_key)_\d+$")  # (a name from $defs keeps its "." or "-")
-# A trie's rules: the free name's own (no suffix), then its states.
+# A rule of a free name's trie: the free name's own (which holds the lookahead), then its
+# states (suffix ``_N``). A name from $defs keeps its "." or "-".
 _TRIE_RULE = re.compile(r"^(\S+_addl_key)(_\d+)?$")
 # A use of a rule name ending at ``_addl_key`` or a state's suffix (names hold "." and "-").
 _NAME_END = r"(?=(?:_\d+)?(?![\w.\-]))"
@@ -102,8 +101,8 @@ def share_free_name_tails(ebnf: str) -> str:
     out = []
     for line in lines:
         name, _, body = line.partition(" ::= ")
-        state = _STATE.match(name)
-        if state is None or state.group(1) not in rules:
+        state = _TRIE_RULE.match(name)
+        if state is None or not state.group(2) or state.group(1) not in rules:
             out.append(line)
             continue
         found = _LOOKAHEAD.search(rules[state.group(1)])
