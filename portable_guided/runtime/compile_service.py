@@ -130,6 +130,11 @@ def _stop_prewarms() -> None:
 
 atexit.register(_stop_prewarms)
 
+#: The most tokens a grammar's first mask may allow for the masks after each of them to be
+#: computed with the compile (``CompiledGrammar.second_masks``): a JSON object's start
+#: allows 4 with DeepSeek's vocabulary, a number's over a thousand.
+SECOND_MASKS_MAX = 8
+
 #: Upgrade outcomes remembered, so that each spec is tried once (the oldest forgotten).
 _UPGRADES_KEPT = 4096
 
@@ -160,29 +165,60 @@ class CompiledGrammar:
     #: runs the prefill meanwhile), so a request's first fill is a copy; None where the
     #: engine failed on it or it allows no token (the request's own fill reports that).
     first_mask: np.ndarray | None = None
+    #: The mask after each token the first mask allows, where it allows at most
+    #: :data:`SECOND_MASKS_MAX` (an object's ``{``, ``{"``, ``{\n``, ``{\n\n``), computed
+    #: with the first: a request's second fill is a copy too. At the second mask a new
+    #: schema's first request still runs on ``auto``'s first engine (llguidance: 200-400 us
+    #: a mask here when the caches are cold) while xgrammar's upgrade compiles.
+    second_masks: dict[int, np.ndarray] | None = None
 
     @property
     def engine_name(self) -> str:
         """Name of the engine (``xgrammar`` or ``llguidance``)."""
         return self.engine.name
 
-    def compute_first_mask(self, words: int) -> None:
-        """Fill :attr:`first_mask` (rows of ``words`` int32 words) with a new matcher's
-        first mask; also counted in :attr:`nbytes` (set before the grammar is cached)."""
-        row = np.zeros((1, words), dtype=np.int32)
+    def compute_start_masks(self, words: int) -> None:
+        """Fill :attr:`first_mask` and :attr:`second_masks` (rows of ``words`` int32 words)
+        with a new matcher; also counted in :attr:`nbytes` (set before the grammar is
+        cached)."""
+        rows = np.zeros((2, words), dtype=np.int32)
         try:
             matcher = self.engine.new_matcher(self.grammar)
-            matcher.fill(row, 0)
-            broken = matcher.error() is not None
+            matcher.fill(rows, 0)
+            if matcher.error() is not None or not rows[0].any():
+                return
+            self.first_mask = self._kept(rows[0])
+            seconds: dict[int, np.ndarray] = {}
+            for token in _allowed_ids(rows[0], SECOND_MASKS_MAX) or ():
+                if not matcher.accept(token):
+                    continue
+                if not matcher.is_terminated():  # (a stop token: nothing follows)
+                    matcher.fill(rows, 1)
+                    if matcher.error() is not None:
+                        return
+                    if rows[1].any():  # (a dead end: the request's own fill reports it)
+                        seconds[token] = self._kept(rows[1])
+                matcher.rollback(1)
         except Exception:  # the request's own fill meets it and reports it
-            log.debug("first mask of a %s grammar failed", self.engine_name, exc_info=True)
+            log.debug("start masks of a %s grammar failed", self.engine_name, exc_info=True)
             return
-        if broken or not np.count_nonzero(row):
-            return
-        mask = row[0]
+        self.second_masks = seconds or None
+
+    def _kept(self, row: np.ndarray) -> np.ndarray:
+        """A read-only copy of ``row``, counted in :attr:`nbytes`."""
+        mask = row.copy()
         mask.flags.writeable = False
         self.nbytes += mask.nbytes
-        self.first_mask = mask
+        return mask
+
+
+def _allowed_ids(row: np.ndarray, most: int) -> list[int] | None:
+    """The token ids ``row`` allows, or None where it allows more than ``most``."""
+    words = np.flatnonzero(row)
+    if len(words) > most:
+        return None
+    ids = [int(w) * 32 + bit for w in words for bit in range(32) if (int(row[w]) >> bit) & 1]
+    return ids if len(ids) <= most else None
 
 
 class CompileService:
@@ -497,7 +533,7 @@ class CompileService:
                        else _recompile(engine, spec, text))
             compiled = CompiledGrammar(engine, grammar, engine.nbytes(grammar), "upgrade",
                                        time.perf_counter() - t0)
-            compiled.compute_first_mask(self.info.bitmask_words)
+            compiled.compute_start_masks(self.info.bitmask_words)
         except GrammarTimeout as exc:
             if exc.started:
                 self._upgrade_failed(key, spec, exc)
@@ -586,7 +622,7 @@ class CompileService:
         """Cache and deliver the outcome of a compile (every engine tried); start its
         engine upgrade."""
         if result is not None and result.first_mask is None:
-            result.compute_first_mask(self.info.bitmask_words)
+            result.compute_start_masks(self.info.bitmask_words)
         with self._inflight_lock:
             if self._inflight.get(key) is fut:
                 del self._inflight[key]

@@ -156,6 +156,7 @@ class Request:
         # will be tried).
         self._grammar_ids: list[int] | None = None
         self._grammar_tokens = 0  # accepted by the matcher (0: at the grammar's start)
+        self._first_token = -1  # the first of them (CompiledGrammar.second_masks)
         self._thinking = reasoning is not None
         self._think_log: list[int] = []
         self._think_progress = 0
@@ -421,6 +422,8 @@ class Request:
             return False
         self._log.append(_GRAMMAR)
         self._grammar_tokens += 1
+        if self._grammar_tokens == 1:
+            self._first_token = token
         ids = self._grammar_ids
         if ids is not None:
             if len(ids) < HANDOVER_MAX_TOKENS:
@@ -489,7 +492,7 @@ class Request:
         else:
             words = self._see_bitmask(bitmask, row)
         with self._lock:
-            if (self._state is ACTIVE and self._grammar_tokens and not self._thinking
+            if (self._state is ACTIVE and self._grammar_tokens > 1 and not self._thinking
                     and not self._forced_stop
                     and (self._grammar_ids is None or self._compiled.upgraded is None)):
                 matcher = self._matcher  # (fill_target's common case)
@@ -562,8 +565,9 @@ class Request:
         failed or terminated request's row is written here (stop tokens only), as is a
         thinking request's (everything but the stop tokens, or the forced think-end token),
         as is the row of a request at the grammar's start (no grammar token accepted, or
-        all rolled back: ``CompiledGrammar.first_mask``, computed with the compile); a
-        pending request's row is left untouched.
+        all rolled back: ``CompiledGrammar.first_mask``, computed with the compile) or one
+        token in (``CompiledGrammar.second_masks``, where the grammar has them); a pending
+        request's row is left untouched.
 
         Hand-over: once the spec's engine upgrade has compiled (``engine_upgrade``), a
         request that has accepted at most :data:`HANDOVER_MAX_TOKENS` grammar tokens moves
@@ -574,14 +578,23 @@ class Request:
         if self._state is ACTIVE and not self._thinking and not self._forced_stop:
             if self._grammar_ids is not None and self._compiled.upgraded is not None:
                 self._hand_over()
-            if not self._grammar_tokens:
-                first = self._compiled.first_mask
-                if first is not None:  # the start state's mask, computed with the compile
-                    self._rows.write(bitmask, row, first)
+            if self._grammar_tokens < 2:
+                known = self._start_mask()
+                if known is not None:
+                    self._rows.write(bitmask, row, known)
                     return None
             return self._matcher
         self._fill_special(bitmask, row)
         return None
+
+    def _start_mask(self) -> np.ndarray | None:
+        """The mask computed with the compile for this request's state, if any: the first
+        at the grammar's start, the second after the first token (lock held)."""
+        compiled = self._compiled
+        if not self._grammar_tokens:
+            return compiled.first_mask
+        seconds = compiled.second_masks
+        return None if seconds is None else seconds.get(self._first_token)
 
     def _hand_over(self) -> None:
         """Move to the upgraded grammar, tried once (lock held; the request is ACTIVE)."""

@@ -14,16 +14,18 @@ SPECS = [
     GrammarSpec.choice(["left", "right"]),
     GrammarSpec.json_schema({"type": "array", "items": {"type": "string"}}),
 ]
-PREFIXES = ['{"a": 1', "abcd", "ri", '["x", "']
+PREFIXES = ['{"a": 1', "abcd", "righ", '["x", "']
 
 
 def _requests(rt, n):
-    """``n`` requests past their first token, so that the engine fills each row (a request
-    at its grammar's start gets a copy of the compile's first mask: test_first_mask.py)."""
+    """``n`` requests past their second token, so that the engine fills each row (a request
+    at its grammar's start or one token in gets a copy of a mask computed with the compile:
+    test_first_mask.py)."""
     reqs = []
     for i in range(n):
         req = rt.new_request(SPECS[i % 4]).wait(60)
-        req.accept_tokens(rt.info.encode(PREFIXES[i % 4])[: 1 + i % 3])
+        chars = [t for c in PREFIXES[i % 4] for t in rt.info.encode(c)]  # a token a character
+        assert req.accept_tokens(chars[: 2 + i % 3]) == 2 + i % 3
         reqs.append(req)
     return reqs
 

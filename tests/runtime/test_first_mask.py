@@ -1,6 +1,7 @@
-"""The start state's mask, computed with the compile (``CompiledGrammar.first_mask``): a
-request's first fill, batched or single, copies it; the reference is a fresh matcher of the
-engine filling the row itself."""
+"""The start state's mask and the masks after each of its few tokens, computed with the
+compile (``CompiledGrammar.first_mask``, ``second_masks``): a request's first and second
+fills, batched or single, copy them; the reference is a fresh matcher of the engine filling
+the row itself."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from runtime_helpers import allowed
 
 from portable_guided.runtime import GrammarRuntime, GrammarSpec, ReasoningConfig
+from portable_guided.runtime.compile_service import SECOND_MASKS_MAX
 
 SPECS = {
     "object": GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}},
@@ -82,7 +84,7 @@ def test_rolled_back_to_the_start_the_first_mask_again(rt, name):
     assert np.array_equal(row[0], expected)
 
 
-def test_the_first_fill_calls_no_engine(rt, monkeypatch):
+def test_the_first_two_fills_call_no_engine(rt, monkeypatch):
     compiled = rt.compile(SPECS["array"])
     matcher_type = type(compiled.engine.new_matcher(compiled.grammar))
     req = rt.new_request(SPECS["array"]).wait(60)
@@ -93,9 +95,43 @@ def test_the_first_fill_calls_no_engine(rt, monkeypatch):
     row = rt.allocate_bitmask(1)
     req.fill(row, 0)
     assert calls == []
-    assert req.accept(rt.info.encode("[")[0])
+    open_, quote = rt.info.encode("[")[0], rt.info.encode('"')[0]
+    assert req.accept(open_)
+    req.fill(row, 0)
+    assert calls == []
+    assert req.accept(quote)
     req.fill(row, 0)
     assert calls == [0]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_second_masks_are_the_engines_own(rt, name):
+    """For each token the first mask allows (when few), the mask after it; a request one
+    token in, filled alone or in a batch, gets it."""
+    compiled = rt.compile(SPECS[name])
+    firsts = [int(t) for t in allowed(compiled.first_mask, rt.vocab_size)]
+    seconds = compiled.second_masks
+    if len(firsts) > SECOND_MASKS_MAX:
+        assert seconds is None
+        return
+    assert seconds is not None and sorted(seconds) == firsts, (name, firsts)
+    for token in firsts:
+        expected = engine_first_mask(rt, compiled, [token])
+        assert np.array_equal(seconds[token], expected) and not seconds[token].flags.writeable
+        single, batch = rt.allocate_bitmask(1), rt.allocate_bitmask(2)
+        reqs = [rt.new_request(SPECS[name]).wait(60) for _ in range(2)]
+        assert all(r.accept(token) for r in reqs)
+        reqs[0].fill(single, 0)
+        rt.fill_bitmask([None, reqs[1]], batch)
+        assert np.array_equal(single[0], expected) and np.array_equal(batch[1], expected)
+    assert compiled.nbytes >= (compiled.engine.nbytes(compiled.grammar)
+                               + (1 + len(firsts)) * compiled.first_mask.nbytes)
+
+
+def test_a_first_mask_of_many_tokens_has_no_second_masks(rt):
+    compiled = rt.compile(GrammarSpec.json_schema({"type": "integer"}))
+    assert len(allowed(compiled.first_mask, rt.vocab_size)) > SECOND_MASKS_MAX
+    assert compiled.second_masks is None
 
 
 def test_after_the_reasoning_phase_the_first_grammar_mask(rt):
@@ -131,3 +167,24 @@ def test_a_request_at_the_start_moves_to_the_upgrade_and_its_first_mask(deepseek
         req.fill(row, 0)
         assert req.engine_name == "xgrammar"
         assert np.array_equal(row[0], engine_first_mask(rt, upgraded))
+
+
+def test_a_request_one_token_in_moves_to_the_upgrade_and_its_second_mask(deepseek):
+    spec = GrammarSpec.json_schema({"type": "object", "properties": {"m": {"type": "string"}},
+                                    "required": ["m"], "additionalProperties": False})
+    with GrammarRuntime(deepseek, "auto", compile_timeout_s=20) as rt:
+        first = rt.compile(spec)
+        assert first.engine_name == "llguidance" and first.second_masks is not None
+        req = rt.new_request(spec).wait(60)
+        brace = deepseek.encode("{")[0]
+        assert req.accept(brace)
+        for _ in range(2000):
+            if rt.upgrade_state(spec) != "running":
+                break
+            time.sleep(0.01)
+        upgraded = first.upgraded
+        assert upgraded is not None and upgraded.second_masks is not None
+        row = rt.allocate_bitmask(1)
+        req.fill(row, 0)
+        assert req.engine_name == "xgrammar"
+        assert np.array_equal(row[0], engine_first_mask(rt, upgraded, [brace]))
