@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -171,6 +172,10 @@ class CompiledGrammar:
     #: schema's first request still runs on ``auto``'s first engine (llguidance: 200-400 us
     #: a mask here when the caches are cold) while xgrammar's upgrade compiles.
     second_masks: dict[int, np.ndarray] | None = None
+    #: The requests on this grammar that may move to its engine upgrade while it compiles
+    #: (None: no upgrade is expected). When the upgrade lands, its thread moves them
+    #: (:meth:`move_riders`), so that no decode step pays for a move.
+    riders: weakref.WeakSet[Any] | None = None
 
     @property
     def engine_name(self) -> str:
@@ -204,12 +209,31 @@ class CompiledGrammar:
             return
         self.second_masks = seconds or None
 
+    def add_rider(self, request: Any) -> None:
+        """Register ``request`` (a ``Request`` just installed on this grammar) to be moved
+        when the upgrade lands; nothing where none is expected or it has landed."""
+        with _RIDERS_LOCK:
+            if self.riders is not None:
+                self.riders.add(request)
+
+    def move_riders(self) -> None:
+        """Move every registered request to :attr:`upgraded` (``Request.hand_over``; set
+        before this call: a request installed meanwhile moves at its next mask)."""
+        with _RIDERS_LOCK:
+            requests, self.riders = list(self.riders or ()), None
+        for request in requests:
+            request.hand_over()
+
     def _kept(self, row: np.ndarray) -> np.ndarray:
         """A read-only copy of ``row``, counted in :attr:`nbytes`."""
         mask = row.copy()
         mask.flags.writeable = False
         self.nbytes += mask.nbytes
         return mask
+
+
+#: Guards every ``CompiledGrammar.riders`` (a request registering, the upgrade taking them).
+_RIDERS_LOCK = threading.Lock()
 
 
 def _allowed_ids(row: np.ndarray, most: int) -> list[int] | None:
@@ -552,6 +576,8 @@ class CompileService:
             kept = old is not None
             if old is not None:
                 self._attach_upgrade(key, spec, old, compiled)
+        if old is not None:
+            old.move_riders()  # (in this thread, off the decode loop; before "done")
         self.metrics.inc("upgrades" if kept else "upgrades_dropped")
         self._end_upgrade(key, "done" if kept else "dropped")
 
@@ -630,6 +656,9 @@ class CompileService:
             attached = (early is not None and result is not None
                         and result.engine_name != UPGRADE_ENGINE)
             if result is not None:
+                if self._upgrade and result.engine_name != UPGRADE_ENGINE and not attached:
+                    # Before it is cached: an upgrade landing from then on moves them.
+                    result.riders = weakref.WeakSet()
                 self._memory.put(key, result, result.nbytes)
                 if early is not None and attached:
                     # The upgrade compiled first: requests made with this grammar move to

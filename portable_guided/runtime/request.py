@@ -265,6 +265,8 @@ class Request:
                 return
             self._state = ACTIVE
             self._grammar_ids = []
+            if compiled.riders is not None:  # (an upgrade compiles: it moves this request)
+                compiled.add_rider(self)
             queued, self._queued = self._queued, []
             for i, token in enumerate(queued):
                 if self._try_accept(token):
@@ -595,6 +597,15 @@ class Request:
             return compiled.first_mask
         seconds = compiled.second_masks
         return None if seconds is None else seconds.get(self._first_token)
+
+    def hand_over(self) -> None:
+        """Move to the spec's upgraded grammar now, where this request still may (see
+        :meth:`fill_target`). The upgrade's thread calls it when the upgrade lands, so that
+        the move (a new matcher fed the tokens so far) is not paid at a mask."""
+        with self._lock:
+            if (self._state is ACTIVE and self._grammar_ids is not None
+                    and self._compiled.upgraded is not None):
+                self._hand_over()
 
     def _hand_over(self) -> None:
         """Move to the upgraded grammar, tried once (lock held; the request is ACTIVE)."""

@@ -177,6 +177,35 @@ def test_a_batch_fill_moves_its_requests_and_fills_them_with_the_new_engine(info
         np.testing.assert_array_equal(got, want)
 
 
+def test_the_upgrade_moves_its_running_requests_when_it_lands(rt, monkeypatch):
+    """The upgrade's thread moves the requests on the old grammar as it lands: they are on
+    xgrammar before their next mask (which then pays no move), with the masks of a fresh
+    xgrammar request fed the same tokens; one past the token cap stays."""
+    monkeypatch.setattr(request, "HANDOVER_MAX_TOKENS", 11)
+    gate = threading.Event()
+    real = service._recompile_checked
+    monkeypatch.setattr(service, "_recompile_checked",
+                        lambda *args: (gate.wait(30), real(*args))[1])
+    spec = GrammarSpec.json_schema(SCHEMA)
+    assert rt.compile(spec).engine_name == "llguidance"
+    texts = ['{"n": 5', '{"n": 5, "s": "a', '{"n": 5, "s": "ab"}']
+    reqs = [rt.new_request(spec).wait(60) for _ in texts]
+    for text, req in zip(texts, reqs, strict=True):
+        ids = rt.info.encode(text)
+        assert req.accept_tokens(ids) == len(ids)
+    assert len(rt.info.encode(texts[1])) <= 11 < len(rt.info.encode(texts[2]))
+    assert [r.engine_name for r in reqs] == ["llguidance"] * 3
+    gate.set()
+    assert _settled(rt, spec) == "done"
+    assert [r.engine_name for r in reqs] == [UPGRADE_ENGINE] * 2 + ["llguidance"]
+    assert rt.metrics()["handovers"] == 2
+    with GrammarRuntime(rt.info, "xgrammar", compile_timeout_s=20) as xrt:
+        for text, req in zip(texts[:2], reqs[:2], strict=True):
+            ref = xrt.new_request(spec).wait(60)
+            assert ref.accept_tokens(rt.info.encode(text)) == len(rt.info.encode(text))
+            np.testing.assert_array_equal(_mask_after(rt, req), _mask_after(xrt, ref))
+
+
 def test_a_request_past_the_token_cap_keeps_its_grammar(info, monkeypatch):
     monkeypatch.setattr(request, "HANDOVER_MAX_TOKENS", 2)
     rt, xrt, spec, compiled, upgraded = _llguidance_and_upgrade(info, SCHEMA)
