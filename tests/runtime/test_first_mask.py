@@ -147,15 +147,19 @@ def test_after_the_reasoning_phase_the_first_grammar_mask(rt):
     assert np.array_equal(row[0], engine_first_mask(rt, rt.compile(spec)))
 
 
-def test_a_request_at_the_start_moves_to_the_upgrade_and_its_first_mask(deepseek):
+@pytest.mark.parametrize("text", ["", "{"])
+def test_a_request_near_the_start_moves_to_the_upgrade_and_its_copied_mask(deepseek, text):
     """Under ``auto`` the first compile is llguidance's; once xgrammar's upgrade landed, a
-    request still at the start takes the upgraded grammar and its first mask."""
+    request at the start or one token in is on the upgraded grammar and gets its mask
+    computed with that compile."""
     spec = GrammarSpec.json_schema({"type": "object", "properties": {"n": {"type": "integer"}},
                                     "required": ["n"], "additionalProperties": False})
     with GrammarRuntime(deepseek, "auto", compile_timeout_s=20) as rt:
         first = rt.compile(spec)
-        assert first.engine_name == "llguidance" and first.first_mask is not None
+        assert first.engine_name == "llguidance" and first.second_masks is not None
         req = rt.new_request(spec).wait(60)
+        tokens = deepseek.encode(text) if text else []
+        assert req.accept_tokens(tokens) == len(tokens) <= 1
         for _ in range(2000):
             if rt.upgrade_state(spec) != "running":
                 break
@@ -163,28 +167,8 @@ def test_a_request_at_the_start_moves_to_the_upgrade_and_its_first_mask(deepseek
         assert rt.upgrade_state(spec) == "done"
         upgraded = first.upgraded
         assert upgraded is not None and upgraded.engine_name == "xgrammar"
+        assert upgraded.first_mask is not None and upgraded.second_masks is not None
         row = rt.allocate_bitmask(1)
         req.fill(row, 0)
         assert req.engine_name == "xgrammar"
-        assert np.array_equal(row[0], engine_first_mask(rt, upgraded))
-
-
-def test_a_request_one_token_in_moves_to_the_upgrade_and_its_second_mask(deepseek):
-    spec = GrammarSpec.json_schema({"type": "object", "properties": {"m": {"type": "string"}},
-                                    "required": ["m"], "additionalProperties": False})
-    with GrammarRuntime(deepseek, "auto", compile_timeout_s=20) as rt:
-        first = rt.compile(spec)
-        assert first.engine_name == "llguidance" and first.second_masks is not None
-        req = rt.new_request(spec).wait(60)
-        brace = deepseek.encode("{")[0]
-        assert req.accept(brace)
-        for _ in range(2000):
-            if rt.upgrade_state(spec) != "running":
-                break
-            time.sleep(0.01)
-        upgraded = first.upgraded
-        assert upgraded is not None and upgraded.second_masks is not None
-        row = rt.allocate_bitmask(1)
-        req.fill(row, 0)
-        assert req.engine_name == "xgrammar"
-        assert np.array_equal(row[0], engine_first_mask(rt, upgraded, [brace]))
+        assert np.array_equal(row[0], engine_first_mask(rt, upgraded, tokens))
