@@ -222,7 +222,10 @@ class CompiledGrammar:
         with _RIDERS_LOCK:
             requests, self.riders = list(self.riders or ()), None
         for request in requests:
-            request.hand_over()
+            try:
+                request.hand_over()
+            except Exception:  # one request's bug leaves it where it is
+                log.exception("moving a request to the %s upgrade failed", self.engine_name)
 
     def _kept(self, row: np.ndarray) -> np.ndarray:
         """A read-only copy of ``row``, counted in :attr:`nbytes`."""
@@ -656,7 +659,8 @@ class CompileService:
             attached = (early is not None and result is not None
                         and result.engine_name != UPGRADE_ENGINE)
             if result is not None:
-                if self._upgrade and result.engine_name != UPGRADE_ENGINE and not attached:
+                if (self._upgrade and spec.kind == "json_schema" and not attached
+                        and result.engine_name != UPGRADE_ENGINE):
                     # Before it is cached: an upgrade landing from then on moves them.
                     result.riders = weakref.WeakSet()
                 self._memory.put(key, result, result.nbytes)
