@@ -579,10 +579,12 @@ class CompileService:
             kept = old is not None
             if old is not None:
                 self._attach_upgrade(key, spec, old, compiled)
-        if old is not None:
-            old.move_riders()  # (in this thread, off the decode loop; before "done")
-        self.metrics.inc("upgrades" if kept else "upgrades_dropped")
-        self._end_upgrade(key, "done" if kept else "dropped")
+        try:
+            if old is not None:
+                old.move_riders()  # (in this thread, off the decode loop; before "done")
+        finally:
+            self.metrics.inc("upgrades" if kept else "upgrades_dropped")
+            self._end_upgrade(key, "done" if kept else "dropped")
 
     def _attach_upgrade(self, key: str, spec: GrammarSpec, old: CompiledGrammar,
                         compiled: CompiledGrammar) -> None:

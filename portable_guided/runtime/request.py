@@ -201,7 +201,7 @@ class Request:
     def engine_name(self) -> str | None:
         """The engine of the grammar this request runs on (``None`` while pending or
         failed). It changes once if the spec's engine upgrade lands while the request runs
-        (:meth:`fill_target`)."""
+        (:meth:`hand_over`, :meth:`fill_target`)."""
         return self._engine.name if self._engine is not None else None
 
     @property

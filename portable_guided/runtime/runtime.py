@@ -69,9 +69,9 @@ class GrammarRuntime:
     fleet cache, for the whole fleet);
     ``engine_upgrade`` (default on; ``auto`` with a limit only): a JSON schema ``auto``
     compiled with llguidance is compiled with xgrammar in the background as soon as it is
-    ready; later requests get xgrammar's faster masks, and running ones move to them at
-    their next mask (``CompileService``, ``Request.fill_target``; docs/latency.md, "Engine
-    upgrades");
+    ready; later requests get xgrammar's faster masks, and running ones move to them as
+    it lands, in its thread (``CompileService``, ``Request.hand_over``; docs/latency.md,
+    "Engine upgrades");
     ``engine_prewarm`` (default on, with the upgrades): at start, a background thread at
     the lowest priority compiles the rules that recur across JSON schemas (length bounds,
     formats, open objects' names) with xgrammar, about 28 s of one core and 320 MiB of its

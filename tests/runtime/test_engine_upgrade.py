@@ -1,8 +1,8 @@
 """Engine upgrades (``CompileService(upgrade=True)``, the runtime's default under ``auto``): a
 JSON schema llguidance compiled is compiled with xgrammar in the background as soon as it
 is ready; later requests get xgrammar's grammar, which decides texts as the first did, and
-running requests move to it at their next mask (hand-over: its masks equal a fresh xgrammar
-matcher's fed the same tokens); a schema xgrammar refuses keeps llguidance's; background
+running requests move to it as it lands, or at their next mask (hand-over: its masks equal a
+fresh xgrammar matcher's fed the same tokens); a schema xgrammar refuses keeps llguidance's; background
 jobs never hold a worker slot (they run at the long lane's priority)."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_a_new_schema_moves_to_xgrammar_and_decides_alike(rt):
     assert upgraded.engine_name == UPGRADE_ENGINE and upgraded.source == "upgrade"
     assert first.upgraded is upgraded
     assert {text: decide_text(rt, SCHEMA, text) for text in TEXTS} == TEXTS
-    # The request made before moves over at its next mask and goes on.
+    # The request made before has moved over (as the upgrade landed) and goes on.
     running.fill(rt.allocate_bitmask(1), 0)
     assert running.engine_name == UPGRADE_ENGINE
     tail = rt.info.encode("}")

@@ -77,7 +77,7 @@ def test_rolled_back_to_the_start_the_first_mask_again(rt, name):
     assert not np.array_equal(row[0], expected)  # the end of the text: stop tokens
     req.rollback(len(ids) - 1)
     second = rt.allocate_bitmask(1)
-    req.fill(second, 0)  # one token in: the engine's matcher fills it
+    req.fill(second, 0)  # one token in: a second mask (computed with the compile)
     assert np.array_equal(second[0], engine_first_mask(rt, compiled, ids[:1]))
     req.rollback(1)
     req.fill(row, 0)
