@@ -658,11 +658,11 @@ class CompileService:
             if self._inflight.get(key) is fut:
                 del self._inflight[key]
             early = self._early_upgrades.pop(key, None)
-            attached = (early is not None and result is not None
-                        and result.engine_name != UPGRADE_ENGINE)
+            upgradable = (result is not None and self._upgrade and spec.kind == "json_schema"
+                          and result.engine_name != UPGRADE_ENGINE)
+            attached = early is not None and upgradable
             if result is not None:
-                if (self._upgrade and spec.kind == "json_schema" and not attached
-                        and result.engine_name != UPGRADE_ENGINE):
+                if upgradable and not attached:
                     # Before it is cached: an upgrade landing from then on moves them.
                     result.riders = weakref.WeakSet()
                 self._memory.put(key, result, result.nbytes)
@@ -680,7 +680,7 @@ class CompileService:
             self._end_upgrade(key, "done" if attached else "dropped")
         if result is not None:
             # Queued before the caller wakes, so that upgrade_state already says "running".
-            if self._upgrade and result.engine_name != UPGRADE_ENGINE:
+            if upgradable:
                 self._start_upgrade(key, spec)
             _resolve(fut, result)
         else:
